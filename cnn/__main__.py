@@ -1,0 +1,3 @@
+from cnn.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""Command line: ``python -m cnn train | evaluate | data | stages | bench``.
+
+Every mistake a user can make — a bad flag, an impossible shape, a missing or corrupt data file, a
+CUDA stage on a machine without a GPU — ends in one line on stderr and a non-zero exit code
+(2 for bad input, 1 for a run that failed), never in a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from cnn.model import INIT_SCHEMES, NETWORKS
+from cnn.train import SCHEDULES, TrainConfig
+
+EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but an error is a single line (no usage dump) and exits with 2."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _number(kind, minimum, strict):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {minimum}")
+        return value
+    return parse
+
+
+positive_int, positive_float = _number(int, 0, True), _number(float, 0.0, True)
+count, non_negative_float = _number(int, 0, False), _number(float, 0.0, False)
+
+
+def _stage_choices():
+    from cnn.stages import stage_names
+    return stage_names()
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training flags, shared by ``train`` and by ``python -m cnn.parallel``."""
+    defaults = TrainConfig()
+    add = parser.add_argument
+    add("--model", choices=list(NETWORKS), default=defaults.model)
+    add("--stage", choices=_stage_choices(), default=defaults.stage)
+    add("--epochs", type=positive_int, default=defaults.epochs)
+    add("--batch-size", type=positive_int, default=defaults.batch_size)
+    add("--lr", type=positive_float, default=defaults.lr, help="learning rate η")
+    add("--momentum", type=non_negative_float, default=defaults.momentum)
+    add("--weight-decay", type=non_negative_float, default=defaults.weight_decay, help="L2 strength λ")
+    add("--schedule", choices=SCHEDULES, default=defaults.schedule)
+    add("--step-epochs", type=positive_int, default=defaults.step_epochs)
+    add("--gamma", type=positive_float, default=defaults.gamma)
+    add("--lr-scale", type=positive_float, default=defaults.lr_scale, help="warmup: target = lr-scale · lr")
+    add("--warmup-epochs", type=non_negative_float, default=defaults.warmup_epochs)
+    add("--init", choices=INIT_SCHEMES, default=defaults.init)
+    add("--seed", type=int, default=defaults.seed)
+    add("--dtype", choices=("float32", "float64"), default=defaults.dtype)
+    add("--data-dir", default=None, help="directory holding the dataset files")
+    add("--limit-train", type=positive_int, default=None, help="train on the first N images only")
+    add("--limit-test", type=positive_int, default=None, help="evaluate on the first N test images only")
+    add("--eval-every", type=count, default=defaults.eval_every, help="evaluate every N steps too")
+    add("--eval-subset", type=positive_int, default=defaults.eval_subset)
+    add("--checkpoint", default=None, help="checkpoint file (.npz), written atomically")
+    add("--checkpoint-every", type=count, default=defaults.checkpoint_every)
+    add("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    add("--no-progress", dest="progress", action="store_false")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    names = {field.name for field in fields(TrainConfig)}
+    return TrainConfig(**{key: value for key, value in vars(args).items() if key in names}).check()
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="python -m cnn", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    train = commands.add_parser("train", help="train a network with one stage")
+    add_training_arguments(train)
+    train.add_argument("--out", default=None, help="history JSON (default results/train-MODEL-STAGE.json)")
+
+    evaluate = commands.add_parser("evaluate", help="test accuracy of a checkpoint")
+    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument("--stage", choices=_stage_choices(), default=None, help="default: the one it was trained with")
+    evaluate.add_argument("--data-dir", default=None)
+
+    data = commands.add_parser("data", help="where MNIST is and whether its checksums hold")
+    data.add_argument("--data-dir", default=None)
+    data.add_argument("--download", action="store_true", help="fetch MNIST if it is not found")
+
+    commands.add_parser("stages", help="list the stages and whether each can run here")
+
+    from cnn import bench
+    bench.add_arguments(commands.add_parser("bench", help="time every stage, write results and plots"))
+    return parser
+
+
+def cmd_train(args) -> int:
+    from cnn.train import train
+    from cnn.machine import machine_info
+
+    config = config_from_args(args)
+    history = train(config)
+    history["machine"] = machine_info()
+    history["command"] = "python -m cnn " + " ".join(sys.argv[1:])
+    out = Path(args.out or f"results/train-{config.model}-{config.stage}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(history, indent=1))
+    epochs = history["epochs"]
+    print(f"final test accuracy {history['final_test_accuracy']:.2%} after {len(epochs)} epochs, "
+          f"{history['train_seconds'] / max(1, len(epochs)):.1f} s of training per epoch; history in {out}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    import numpy as np
+    from cnn.model import get_network
+    from cnn.stages import get_stage
+    from cnn.train import config_from_checkpoint, evaluate, load_checkpoint, load_dataset
+
+    saved = load_checkpoint(args.checkpoint)
+    overrides = {"data_dir": args.data_dir, "limit_train": 1, "limit_test": None}
+    if args.stage:
+        overrides["stage"] = args.stage
+    config = config_from_checkpoint(saved, **overrides)
+    stage = get_stage(config.stage)(get_network(config.model), np.dtype(config.dtype))
+    stage.set_params(saved["params"])
+    _, _, test_x, test_y = load_dataset(config)
+    accuracy, loss = evaluate(stage, test_x, test_y)
+    print(f"{args.checkpoint}: {config.model}, stage {config.stage}, epoch {saved['epoch']}: "
+          f"test accuracy {accuracy:.2%} ({len(test_y)} images), test loss {loss:.4f}")
+    return 0
+
+
+def cmd_data(args) -> int:
+    from cnn import data
+
+    if args.download:
+        data.find_mnist(args.data_dir, download=True)
+    for line in data.describe_mnist(args.data_dir):
+        print(line)
+    return 0
+
+
+def cmd_stages(args) -> int:
+    from cnn.stages import available_stages, get_stage
+
+    for number, (name, reason) in enumerate(available_stages(), start=1):
+        summary = get_stage(name).summary if reason is None else reason
+        print(f"{number}. {name:<11} {'ok ' if reason is None else 'n/a'}  {summary}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from cnn import bench
+    return bench.run(args)
+
+
+COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "data": cmd_data,
+            "stages": cmd_stages, "bench": cmd_bench}
+
+
+def main(argv=None) -> int:
+    from cnn.data import DataError
+    from cnn.stages import StageUnavailable
+    from cnn.train import TrainingDiverged
+
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, DataError, StageUnavailable) as err:
+        print(f"python -m cnn {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TrainingDiverged as err:
+        print(f"python -m cnn {args.command}: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"python -m cnn {args.command}: interrupted", file=sys.stderr)
+        return 130
