@@ -1,0 +1,202 @@
+"""Stage 3 ``numba-cpu`` equal to the reference stages, op by op and network by network.
+
+Also here: PyTorch on the identical network and parameters gives stage ``numpy``'s loss and
+gradient (skipped without torch), which is what makes the benchmark's comparison fair.
+Cold (no Numba cache) the file spends most of its time compiling the kernels for float64
+and float32.
+"""
+
+import sys
+
+import numba
+import numpy as np
+import pytest
+
+from cnn.gradcheck import rel_error
+from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, alexnet_small, lenet5
+from cnn.stages import get_stage
+from cnn.stages.s1_loops import LoopsStage
+from cnn.stages.s2_numpy import NumpyStage
+from cnn.stages.s3_numba_cpu import NumbaCpuStage, fusion_plan
+from test_stages_reference import ODD_NETWORKS, make_stage, random_batch
+
+# Conv followed by MaxPool *without* ReLU (unfused conv, standalone pool and ReLU kernels),
+# then a fused block with an even kernel, pad 1 and an overlapping 3x3/s2 pool.
+UNFUSED = Network("odd-c", (3, 9, 7), (
+    Conv(3, 4, 3, stride=2, pad=1), MaxPool(2, 1), ReLU(),    # 4x5x4 -> 4x4x3
+    Conv(4, 5, 2, pad=1), ReLU(), MaxPool(3, 2),               # 5x5x4 -> 5x2x1
+    Flatten(), Dense(10, 6), ReLU(), Dense(6, 3)))
+
+NETWORKS = {**ODD_NETWORKS, "unfused": UNFUSED, "lenet5": lenet5()}
+TOLERANCE = {np.float64: 1e-10, np.float32: 1e-4}
+
+
+def assert_same_step(reference, stage, images, labels, tolerance):
+    loss1, grad1 = reference.loss_and_grad(images, labels)
+    loss2, grad2 = stage.loss_and_grad(images, labels)
+    assert rel_error(loss1, loss2) < tolerance
+    assert rel_error(grad1, grad2) < tolerance
+    assert rel_error(reference.input_grad, stage.input_grad) < tolerance
+    assert rel_error(reference.predict(images), stage.predict(images)) < tolerance
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("net_name", list(NETWORKS))
+def test_equals_loops(net_name, dtype):
+    net = NETWORKS[net_name]
+    batch = 2 if net_name == "lenet5" else 3
+    images, labels = random_batch(net, batch, dtype, seed=batch + len(net_name))
+    assert_same_step(make_stage(LoopsStage, net, dtype), make_stage(NumbaCpuStage, net, dtype),
+                     images, labels, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("net_name,batch", [("stride2-pool3s2", 1), ("unfused", 1), ("alexnet-small", 2)])
+def test_equals_numpy(net_name, batch, dtype):
+    net = alexnet_small() if net_name == "alexnet-small" else NETWORKS[net_name]
+    images, labels = random_batch(net, batch, dtype, seed=21)
+    assert_same_step(make_stage(NumpyStage, net, dtype), make_stage(NumbaCpuStage, net, dtype),
+                     images, labels, TOLERANCE[dtype])
+
+
+def test_lenet5_at_a_training_batch_size():
+    """Batch 37: several sample blocks per thread, a partial last block, uneven thread shares."""
+    net = lenet5()
+    images, labels = random_batch(net, 37, np.float64, seed=4)
+    assert_same_step(make_stage(NumpyStage, net, np.float64), make_stage(NumbaCpuStage, net, np.float64),
+                     images, labels, 1e-10)
+
+
+def _random_op_inputs(rng, size, stride, pad):
+    x = rng.normal(size=(3, 5, 11, 8))
+    W, b = rng.normal(size=(7, 5, size, size)), rng.normal(size=7)
+    return x, W, b
+
+
+@pytest.mark.parametrize("size,stride,pad", [(3, 1, 1), (3, 2, 0), (2, 1, 0), (2, 2, 2), (5, 3, 2), (1, 1, 0)])
+def test_each_op_equals_numpy(size, stride, pad):
+    rng = np.random.default_rng(size * 100 + stride * 10 + pad)
+    mine, ref = NumbaCpuStage.ops, NumpyStage.ops
+    x, W, b = _random_op_inputs(rng, size, stride, pad)
+
+    y = mine.conv_forward(x, W, b, stride, pad)
+    assert rel_error(y, ref.conv_forward(x, W, b, stride, pad)) < 1e-12
+    dy = rng.normal(size=y.shape)
+    for got, want in zip(mine.conv_backward(dy, x, W, stride, pad), ref.conv_backward(dy, x, W, stride, pad)):
+        assert rel_error(got, want) < 1e-12
+
+    pooled, argmax = mine.maxpool_forward(x, size, stride)
+    pooled_ref, argmax_ref = ref.maxpool_forward(x, size, stride)
+    assert np.array_equal(argmax, argmax_ref) and rel_error(pooled, pooled_ref) == 0
+    dpooled = rng.normal(size=pooled.shape)
+    assert rel_error(mine.maxpool_backward(dpooled, argmax, x.shape, size, stride),
+                     ref.maxpool_backward(dpooled, argmax, x.shape, size, stride)) < 1e-14
+
+    assert rel_error(mine.relu_forward(x), ref.relu_forward(x)) == 0
+    assert rel_error(mine.relu_backward(dy, y), ref.relu_backward(dy, y)) == 0
+
+    flat, Wd, bd = x.reshape(3, -1), rng.normal(size=(6, 440)), rng.normal(size=6)
+    assert rel_error(mine.dense_forward(flat, Wd, bd), ref.dense_forward(flat, Wd, bd)) < 1e-12
+    dout = rng.normal(size=(3, 6))
+    for got, want in zip(mine.dense_backward(dout, flat, Wd), ref.dense_backward(dout, flat, Wd)):
+        assert rel_error(got, want) < 1e-12
+
+
+def test_ops_in_float32():
+    rng = np.random.default_rng(5)
+    x, W, b = (a.astype(np.float32) for a in _random_op_inputs(rng, 3, 1, 1))
+    y = NumbaCpuStage.ops.conv_forward(x, W, b, 1, 1)
+    assert y.dtype == np.float32
+    assert rel_error(y, NumpyStage.ops.conv_forward(x, W, b, 1, 1)) < 1e-5
+    dy = rng.normal(size=y.shape).astype(np.float32)
+    for got, want in zip(NumbaCpuStage.ops.conv_backward(dy, x, W, 1, 1), NumpyStage.ops.conv_backward(dy, x, W, 1, 1)):
+        assert got.dtype == np.float32 and rel_error(got, want) < 1e-5
+
+
+def test_train_steps_equal_numpy():
+    """Three SGD steps with momentum and weight decay: same parameters and momentum as stage numpy."""
+    net = ODD_NETWORKS["pad2-pool2s1"]
+    ref, mine = make_stage(NumpyStage, net, np.float64), make_stage(NumbaCpuStage, net, np.float64)
+    for step in range(3):
+        images, labels = random_batch(net, 4, np.float64, seed=30 + step)
+        loss1 = ref.train_step(images, labels, lr=0.05, momentum=0.9, weight_decay=1e-3)
+        loss2 = mine.train_step(images, labels, lr=0.05, momentum=0.9, weight_decay=1e-3)
+        assert rel_error(loss1, loss2) < 1e-10
+    assert rel_error(ref.get_params(), mine.get_params()) < 1e-10
+    assert rel_error(ref.get_momentum(), mine.get_momentum()) < 1e-10
+
+
+def test_predict_between_forward_and_backward_changes_nothing():
+    """predict() at another batch size uses its own buffers: the pending backward is unaffected."""
+    net = lenet5()
+    ref, mine = make_stage(NumpyStage, net, np.float64), make_stage(NumbaCpuStage, net, np.float64)
+    images, labels = random_batch(net, 3, np.float64, seed=8)
+    others, _ = random_batch(net, 5, np.float64, seed=9)
+    _, grad = ref.loss_and_grad(images, labels)
+    mine.load_batch(images, labels)
+    mine.forward()
+    mine.predict(others)
+    mine.predict(images)
+    mine.backward()
+    assert rel_error(mine.get_grad(), grad) < 1e-10
+
+
+def test_gradient_does_not_depend_on_thread_count():
+    """Per-thread gradient copies summed at the end: 1 thread and all threads agree."""
+    net = lenet5()
+    stage = make_stage(NumbaCpuStage, net, np.float64)
+    images, labels = random_batch(net, 9, np.float64, seed=12)
+    _, grad_all = stage.loss_and_grad(images, labels)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        _, grad_one = stage.loss_and_grad(images, labels)
+    finally:
+        numba.set_num_threads(threads)
+    assert rel_error(grad_one, grad_all) < 1e-12
+
+
+def test_fusion_plan():
+    assert [step.kind for step in fusion_plan(lenet5())] == [
+        "conv_relu_pool", "conv_relu_pool", "flatten", "dense", "relu", "dense", "relu", "dense"]
+    assert [step.kind for step in fusion_plan(UNFUSED)][:5] == ["conv", "maxpool", "relu", "conv_relu_pool", "flatten"]
+
+
+def test_input_grad_only_until_update():
+    net = ODD_NETWORKS["stride2-pool3s2"]
+    stage = make_stage(NumbaCpuStage, net, np.float64)
+    images, labels = random_batch(net, 2, np.float64, seed=2)
+    stage.loss_and_grad(images, labels)
+    assert stage.input_grad.shape == images.shape
+    stage.update(0.1, 0.9, 0.0)
+    with pytest.raises(RuntimeError, match="between backward"):
+        stage.input_grad
+
+
+def test_registered():
+    assert get_stage("numba-cpu") is NumbaCpuStage
+
+
+@pytest.mark.parametrize("net_name", ["lenet5", "pad2-pool2s1"])
+def test_torch_equals_numpy(net_name):
+    """PyTorch on the identical network and parameters: same loss and flat gradient (float32)."""
+    pytest.importorskip("torch")
+    from cnn.reference_torch import load_flat_params, torch_loss_and_grad, torch_model
+
+    net = NETWORKS[net_name]
+    stage = make_stage(NumpyStage, net, np.float32)
+    images, labels = random_batch(net, 8, np.float32, seed=13)
+    model = torch_model(net)
+    load_flat_params(model, stage.get_params())
+    loss_torch, grad_torch = torch_loss_and_grad(model, images, labels)
+    loss, grad = stage.loss_and_grad(images, labels)
+    assert rel_error(loss_torch, loss) < 1e-4
+    assert rel_error(grad_torch, grad) < 1e-4
+
+
+def test_torch_missing_is_one_line(monkeypatch):
+    from cnn.reference_torch import torch_model
+
+    monkeypatch.setitem(sys.modules, "torch", None)     # what an install without torch looks like
+    with pytest.raises(ImportError, match=r"^PyTorch is optional: pip install -e '\.\[bench\]'$"):
+        torch_model(lenet5())
