@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench train assignments clean
+.PHONY: demo test bench train notebooks assignments clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ bench: $(VENV)/.installed-core
 
 train: $(VENV)/.installed-core
 	$(PY) -m cnn train --stage numpy --model lenet5 --epochs 10
+
+notebooks: $(VENV)/.installed-dev
+	$(PY) -m pytest tests/test_notebooks.py -q
+
+# The student release (solutions removed) of every assignment, into assignments/release/.
+# nbgrader shells out to alembic when it creates the gradebook, hence the PATH.
+assignments: $(VENV)/.installed-dev
+	cd assignments && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" "$(CURDIR)/$(PY)" -m nbgrader generate_assignment "*" --force
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

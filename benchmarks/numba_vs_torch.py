@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import socket
 import sys
 import time
@@ -135,6 +136,7 @@ def main(argv=None) -> int:
     batches, source = training_batches(args.batch, 8)
     steps = step_functions(net, init_params(net, "he", seed=0, dtype=np.float32), batches)
     losses = first_losses(steps)
+    load_before = os.getloadavg()
     repeats = {name: args.repeats for name in steps}
     repeats["numpy"] = max(5, args.repeats // 3)
     times = time_in_turns(steps, len(batches), repeats, args.warmup)
@@ -148,6 +150,8 @@ def main(argv=None) -> int:
         "batch": args.batch, "data": source,
         "threads": {"numba": numba.get_num_threads(), "torch": torch.get_num_threads(),
                     "numba_threading_layer": numba.threading_layer()},
+        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0],
+                              "note": "other processes on the machine; more than the core count slows every row"},
         "first_step_loss": losses,
         "results": results,
         "ratio_numba_over_torch": ratio,
@@ -166,6 +170,7 @@ def main(argv=None) -> int:
           f"{results['numba-cpu']['median_ms']:.2f} ms | torch-cpu {results['torch-cpu']['median_ms']:.2f} ms | "
           f"numpy {results['numpy']['median_ms']:.2f} ms | numba/torch = {ratio:.2f} | "
           f"numba fused/unfused = {record['ratio_fused_over_unfused']:.2f} |")
+    print(f"load average (1 min) before/after: {load_before[0]:.1f}/{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"wrote {path}")
     return 0
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import socket
 import sys
 from importlib import metadata
+from pathlib import Path
+
+SIMULATOR_VARIABLE = "NUMBA_ENABLE_CUDASIM"
 
 
 def cpu_model() -> str:
@@ -39,3 +43,25 @@ def machine_info() -> dict:
         "python": sys.version.split()[0],
         "packages": package_versions(),
     }
+
+
+def nvidia_gpu_present() -> bool:
+    """An NVIDIA driver that lists a GPU (Linux: /proc/driver/nvidia/gpus; elsewhere: nvidia-smi on PATH).
+
+    Asked without importing numba, so the answer can still decide whether to turn the simulator on.
+    """
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if gpus.is_dir():
+        return any(gpus.iterdir())
+    return sys.platform != "linux" and shutil.which("nvidia-smi") is not None
+
+
+def use_cuda_simulator_unless_gpu() -> bool:
+    """Turn Numba's CUDA simulator on when no GPU is present; True when it is on.
+
+    A value of NUMBA_ENABLE_CUDASIM the user set is kept. Numba reads the variable once, when it is
+    first imported, so this must run before anything imports numba.
+    """
+    if SIMULATOR_VARIABLE not in os.environ and not nvidia_gpu_present():
+        os.environ[SIMULATOR_VARIABLE] = "1"
+    return os.environ.get(SIMULATOR_VARIABLE, "0") not in ("", "0")

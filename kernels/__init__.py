@@ -1,4 +1,4 @@
-"""Numba CUDA kernels of the course, one small module per operation (stages 4 and 5).
+"""Numba CUDA kernels of the course, one small module per operation (stages 4 to 7).
 
 Read them in this order; each docstring names the CPU reference it is tested against and which
 thread computes which element:
@@ -16,7 +16,18 @@ thread computes which element:
     conv2d_push     convolution backward in push form, with atomics
     conv_pool_fused conv + bias + ReLU + max-pool in one kernel; its push-form backward
 
+Stages 6 and 7 add:
+
+    streams         a launcher that queues on a stream, events, allocation and copy counters
+    gradient_ring   the ring of K gradient slots: SlotStates (pure Python) and GradientRing (device)
+    gather          a batch gathered from a training set resident on the device
+    fill_pair       two buffers zeroed in one launch
+    dense_fused     the dense layer's products with bias/ReLU/mask/db epilogues, tile per shape
+    dense_loss      last dense layer + softmax + cross-entropy + its gradient in one kernel
+    conv_pool_smem  the fused conv-pool kernels with the block's filter in shared memory
+    launch_config   block sizes and tiles chosen from each layer's shape
+
 Each module pairs its ``@cuda.jit`` kernels with plain functions that pick the launch
-configuration and launch them on device arrays; ``cnn/stages/s4_cuda.py`` and
-``s5_cuda_fused.py`` chain those into a network.
+configuration and launch them on device arrays; ``cnn/stages/s4_cuda.py`` … ``s7_cuda_tuned.py``
+chain those into a network.
 """

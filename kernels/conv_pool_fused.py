@@ -33,22 +33,32 @@ from kernels.device import cuda
 from kernels.launch import grid_1d, launch, unravel4
 
 
-@cuda.jit
-def conv_relu_pool_forward_kernel(x, w, b, y, switches, stride, pad, size, pool_stride, conv_width):
-    index = cuda.grid(1)
-    if index >= y.size:
-        return
-    n, f, i, j = unravel4(index, y.shape)
+@cuda.jit(device=True)
+def relu_pool_window(x, w, bias, n, f, i, j, stride, pad, size, pool_stride, conv_width):
+    """(max, where) of ReLU(conv(x, w)[n, f] + bias) over pooling window (i, j): one forward thread's work.
+
+    Filter f of ``w`` is used; stage 7 passes a shared-memory copy of one filter (f = 0).
+    """
     best = np.float32(-1.0)           # below any ReLU output, so the first window position always wins
     best_at = 0
     for pi in range(size):
         ci = i * pool_stride + pi
         for pj in range(size):
             cj = j * pool_stride + pj
-            value = max(conv_window_sum(x, w, n, f, ci, cj, stride, pad) + b[f], np.float32(0.0))
+            value = max(conv_window_sum(x, w, n, f, ci, cj, stride, pad) + bias, np.float32(0.0))
             if value > best:
                 best = value
                 best_at = ci * conv_width + cj
+    return best, best_at
+
+
+@cuda.jit
+def conv_relu_pool_forward_kernel(x, w, b, y, switches, stride, pad, size, pool_stride, conv_width):
+    index = cuda.grid(1)
+    if index >= y.size:
+        return
+    n, f, i, j = unravel4(index, y.shape)
+    best, best_at = relu_pool_window(x, w, b[f], n, f, i, j, stride, pad, size, pool_stride, conv_width)
     y[n, f, i, j] = best
     switches[n, f, i, j] = best_at
 

@@ -7,19 +7,11 @@
 - Tests marked ``gpu`` (full-size checks) are skipped, with the reason, unless a real GPU runs them.
 """
 
-import os
-
 import pytest
 
+from cnn.machine import use_cuda_simulator_unless_gpu
 
-def _nvidia_gpu_present() -> bool:
-    """An NVIDIA driver that lists at least one GPU (Linux), found without importing numba."""
-    gpus = "/proc/driver/nvidia/gpus"
-    return os.path.isdir(gpus) and bool(os.listdir(gpus))
-
-
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _nvidia_gpu_present():
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+use_cuda_simulator_unless_gpu()
 
 
 def _real_gpu_missing() -> str | None:

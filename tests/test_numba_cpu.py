@@ -156,6 +156,17 @@ def test_gradient_does_not_depend_on_thread_count():
     assert rel_error(grad_one, grad_all) < 1e-12
 
 
+def test_fuse_false_gives_the_same_step():
+    """The unfused plan the benchmark compares against computes the same thing."""
+    net = lenet5()
+    fused = make_stage(NumbaCpuStage, net, np.float64)
+    unfused = NumbaCpuStage(net, np.float64, fuse=False)
+    unfused.set_params(fused.get_params())
+    assert [step.kind for step in unfused.plan][:3] == ["conv", "relu", "maxpool"]
+    images, labels = random_batch(net, 3, np.float64, seed=14)
+    assert_same_step(fused, unfused, images, labels, 1e-12)
+
+
 def test_fusion_plan():
     assert [step.kind for step in fusion_plan(lenet5())] == [
         "conv_relu_pool", "conv_relu_pool", "flatten", "dense", "relu", "dense", "relu", "dense"]

@@ -19,6 +19,8 @@ REGISTRY: dict[str, str] = {
     "numba-cpu": "cnn.stages.s3_numba_cpu:NumbaCpuStage",
     "cuda": "cnn.stages.s4_cuda:CudaStage",
     "cuda-fused": "cnn.stages.s5_cuda_fused:CudaFusedStage",
+    "cuda-ring": "cnn.stages.s6_cuda_ring:CudaRingStage",
+    "cuda-tuned": "cnn.stages.s7_cuda_tuned:CudaTunedStage",
 }
 
 

@@ -60,7 +60,6 @@ from numba import njit, prange
 
 from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, window_count
 from cnn.stages.base import HostStage, Ops, softmax_cross_entropy
-from cnn.stages.s2_numpy import dense_backward, dense_forward   # BLAS: already compiled code
 
 # reassociate sums (SIMD partial sums) and contract a*b+c into FMA; keep NaN/inf semantics
 SAFE_FASTMATH = {"reassoc", "contract", "nsz"}
@@ -262,7 +261,7 @@ def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride
                 _load_channel(x, n0, count, c, pad, Hp, Wp, block[c])
             loaded = block_index
         run = _run_length(count, Hp, Wp, W.shape[2])
-        z[:] = 0
+        z[:run] = 0
         for c in range(C):
             _correlate_channel(block[c], W[f, c], run, Wp, count, z)
         row_step, col_step = stride * Wp * count, stride * count     # output (i, j) at stride s
@@ -404,6 +403,48 @@ def relu_backward_kernel(dy, y, dx):
 
 
 @njit(cache=True)
+def _dense_weight_grad_row(dy, x, o, dW_o):
+    """dW[o] = Σ_n dy[n, o] · x[n]; returns db[o] = Σ_n dy[n, o]."""
+    dW_o[:] = 0
+    total = dy.dtype.type(0)
+    for n in range(x.shape[0]):
+        _axpy(dW_o, dy[n, o], x[n])
+        total += dy[n, o]
+    return total
+
+
+@njit(cache=True)
+def _dense_input_grad_row(dy, W, n, dx_n):
+    """dx[n] = Σ_o dy[n, o] · W[o]."""
+    dx_n[:] = 0
+    for o in range(W.shape[0]):
+        _axpy(dx_n, dy[n, o], W[o])
+
+
+@njit(parallel=True, cache=True)
+def dense_forward_kernel(x, W, b, y):
+    """y[n, o] = Σ_i x[n, i] · W[o, i] + b[o]; threads take (sample, output) pairs."""
+    N, O = y.shape
+    for item in prange(N * O):
+        n, o = item // O, item % O
+        y[n, o] = _dot(x[n], W[o]) + b[o]
+
+
+@njit(parallel=True, cache=True)
+def dense_backward_kernel(dy, x, W, dx, dW, db, need_dx):
+    """dW = dyᵀ·x and db = Σ_n dy (threads take rows o of dW), then dx = dy·W (threads take samples n).
+
+    Every row has one owner, so there is nothing to reduce.
+    """
+    N, O = dy.shape
+    for o in prange(O):
+        db[o] = _dense_weight_grad_row(dy, x, o, dW[o])
+    if need_dx:
+        for n in prange(N):
+            _dense_input_grad_row(dy, W, n, dx[n])
+
+
+@njit(cache=True)
 def sgd_momentum_kernel(params, velocity, grad, lr, momentum, weight_decay):
     """``cnn.stages.base.sgd_momentum_update`` in one pass over the flat vectors, no temporaries:
 
@@ -467,6 +508,20 @@ def maxpool_backward(dy, argmax, x_shape, size, stride):
     dx = np.empty(x_shape, dy.dtype)
     maxpool_backward_kernel(np.ascontiguousarray(dy), np.ascontiguousarray(argmax, np.int64), dx)
     return dx
+
+
+def dense_forward(x, W, b):
+    x = np.ascontiguousarray(x)
+    y = np.empty((x.shape[0], W.shape[0]), x.dtype)
+    dense_forward_kernel(x, np.ascontiguousarray(W, x.dtype), np.ascontiguousarray(b, x.dtype), y)
+    return y
+
+
+def dense_backward(dy, x, W):
+    x = np.ascontiguousarray(x)
+    dx, dW, db = np.empty_like(x), np.empty(W.shape, x.dtype), np.empty(W.shape[0], x.dtype)
+    dense_backward_kernel(np.ascontiguousarray(dy, x.dtype), x, np.ascontiguousarray(W, x.dtype), dx, dW, db, True)
+    return dx, dW, db
 
 
 # -- the stage: a fusion plan, and buffers kept per batch size -------------------------------
@@ -592,8 +647,7 @@ class NumbaCpuStage(HostStage):
             elif step.kind == "flatten":
                 out = x.reshape(x.shape[0], -1)
             else:
-                np.matmul(x, params["W"].T, out=out)
-                out += params["b"]
+                dense_forward_kernel(x, params["W"], params["b"], out)
             x = out
         return x, inputs
 
@@ -616,8 +670,5 @@ class NumbaCpuStage(HostStage):
         elif step.kind == "flatten":
             return grad_out.reshape(x.shape)
         else:
-            np.matmul(grad_out.T, x, out=grads["W"])
-            np.sum(grad_out, axis=0, out=grads["b"])
-            if need_dx:
-                np.matmul(grad_out, params["W"], out=dx)
+            dense_backward_kernel(grad_out, x, params["W"], dx, grads["W"], grads["b"], need_dx)
         return dx if need_dx else None

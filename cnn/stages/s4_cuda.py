@@ -291,13 +291,15 @@ class CudaStage(Stage):
     dtypes = (np.float32,)
     ops = Ops(conv_forward, conv_backward, relu_forward, relu_backward,
               maxpool_forward, maxpool_backward, dense_forward, dense_backward)
+    stream = 0          # the stream of a step's kernels and batch copies (0: the default; stage 6 makes its own)
+    input_buffer = 0    # which set of device input buffers load_batch fills (stage 7 alternates two)
 
     def __init__(self, net, dtype=np.float32):
         super().__init__(net, dtype)
         reason = gpu_unavailable_reason()
         if reason:
             raise StageUnavailable(f"stage {self.name!r} needs a CUDA GPU: {reason}")
-        self.launch = LaunchCounter()
+        self.launch = self.make_launcher()
         self.buffers = DeviceBuffers()
         self.d_params, self.d_grad, self.d_velocity = (device_zeros(net.num_params) for _ in range(3))
         self.param_views = param_views(net, self.d_params)
@@ -306,6 +308,10 @@ class CudaStage(Stage):
         self.blocks = self.build_blocks()
         self._step_start = None
         self._last_step_launches = None
+
+    def make_launcher(self) -> LaunchCounter:
+        """How this stage queues its kernels: counted, on the default stream (stage 6 uses a stream of its own)."""
+        return LaunchCounter()
 
     # -- how the layers are grouped: stage 5 overrides ``make_block`` --------------------------
     def build_blocks(self) -> list[Block]:
@@ -351,19 +357,23 @@ class CudaStage(Stage):
             raise ValueError(f"stage {self.name!r}: images have shape {images.shape}, "
                              f"network {self.net.name!r} expects (N, {', '.join(map(str, self.net.input_shape))})")
         d_images = self.buffers.get(key, images.shape)
-        d_images.copy_to_device(images)
+        self.copy_in(d_images, images)
         return d_images
 
+    def copy_in(self, device_array, host_array) -> None:
+        """Host → device copy of a step's input (stage 7 stages it through pinned memory)."""
+        device_array.copy_to_device(host_array, stream=self.stream)
+
     def load_batch(self, images, labels):
-        self.d_images = self._images(images, "images")
+        self.d_images = self._images(images, ("images", self.input_buffer))
         labels = np.asarray(labels)
         batch, classes = self.d_images.shape[0], self.net.num_classes
         if labels.shape != (batch,) or not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(f"stage {self.name!r}: labels must be {batch} integers, got {labels.dtype} of shape {labels.shape}")
         if labels.min() < 0 or labels.max() >= classes:
             raise ValueError(f"stage {self.name!r}: labels must lie in [0, {classes}), got [{labels.min()}, {labels.max()}]")
-        self.d_labels = self.buffers.get("labels", labels.shape, INDEX)
-        self.d_labels.copy_to_device(labels.astype(INDEX))
+        self.d_labels = self.buffers.get(("labels", self.input_buffer), labels.shape, INDEX)
+        self.copy_in(self.d_labels, labels.astype(INDEX))
         self._step_start = self.launch.count
 
     def _forward_blocks(self, x):

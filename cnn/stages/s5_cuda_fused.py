@@ -140,8 +140,13 @@ class FusedConvPoolBlock(Block):
         self.pool = stage.net.layers[index + 2]
         self.conv_width = stage.net.activation_shapes()[index + 1][2]
         slots = [slot for slot in stage.net.param_layout() if slot.layer == index]
-        start, end = slots[0].offset, slots[-1].offset + slots[-1].size
-        self.param_grads = stage.d_grad[start:end]          # dW and db, adjacent in the flat vector
+        self.param_range = slots[0].offset, slots[-1].offset + slots[-1].size
+
+    @property
+    def param_grads(self):
+        """dW and db, adjacent in the flat gradient — whichever vector ``stage.d_grad`` is now (stage 6 moves it)."""
+        start, end = self.param_range
+        return self.stage.d_grad[start:end]
 
     def forward(self, x):
         self.x = x

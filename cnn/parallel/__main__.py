@@ -1,0 +1,21 @@
+"""``mpiexec -n 4 python -m mpi4py -m cnn.parallel --strategy NAME [options]``."""
+
+import os
+import sys
+
+# The ranks are the parallelism: one BLAS thread per rank unless the user asks for more
+# (four ranks with two BLAS threads each on a two-core machine run several times slower).
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
+from cnn.parallel.cli import main  # noqa: E402  (after the thread settings, before numpy loads)
+
+_code = main()
+if _code and "mpi4py.MPI" in sys.modules:
+    # A handled failure (bad input, a lost peer) ends with its own exit code, not with the
+    # MPI_Abort that `python -m mpi4py` reserves for unhandled exceptions: finalize first.
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+raise SystemExit(_code)

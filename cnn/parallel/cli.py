@@ -1,0 +1,141 @@
+"""Command line of ``mpiexec -n P python -m mpi4py -m cnn.parallel --strategy NAME [options]``.
+
+The training flags are those of ``python -m cnn train`` (``cnn.cli.add_training_arguments``). Two
+defaults differ, following Horovod: the strategies whose global batch grows with the workers
+(``ps-sync``, ``allreduce``, ``sandblaster``) use ``--schedule warmup`` with ``--lr-scale`` = the
+number of workers (the linear scaling rule with a per-batch warmup); the others keep the rate
+constant. Give ``--schedule`` or ``--lr-scale`` to choose yourself.
+
+The arguments are parsed before MPI starts, so a bad flag costs nothing; only rank 0 prints the
+one-line error (the rank comes from the launcher's environment). A run that loses a peer exits
+with 1; bad input exits with 2 on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from dataclasses import fields
+
+from cnn.cli import EXIT_BAD_INPUT, EXIT_FAILED, OneLineParser, add_training_arguments, config_from_args, count
+from cnn.cli import positive_float, positive_int
+from cnn.parallel import STRATEGIES
+from cnn.parallel.common import ParallelOptions
+
+GROWING_BATCH = ("ps-sync", "allreduce", "sandblaster")
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher's environment gives it (before MPI is initialised)."""
+    for name in RANK_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+class RankZeroParser(OneLineParser):
+    """One-line errors, printed by rank 0 only (every rank parses the same arguments)."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n" if launcher_rank() == 0 else None)
+
+
+def build_parser() -> RankZeroParser:
+    parser = RankZeroParser(prog="python -m cnn.parallel",
+                            description="Distributed training over MPI; launch with "
+                                        "mpiexec -n P python -m mpi4py -m cnn.parallel --strategy NAME")
+    parser.add_argument("--strategy", required=True, choices=list(STRATEGIES))
+    add_training_arguments(parser)
+    parser.set_defaults(schedule=None, lr_scale=None)   # strategy-dependent, filled in settings_from_args
+    run = parser.add_argument_group("run")
+    run.add_argument("--summary", default=None, help="JSON summary (default results/parallel-STRATEGY-RANKS.json)")
+    run.add_argument("--timeline", default=None, help="Chrome-trace JSON of every rank's phases")
+    run.add_argument("--log-every", type=count, default=0, help="a log line every N steps (0: about ten)")
+    run.add_argument("--peer-timeout", type=positive_float, default=60.0,
+                     help="seconds of silence after which a peer counts as lost")
+    strategy = parser.add_argument_group("strategies")
+    strategy.add_argument("--allreduce", choices=("mpi", "ring"), default="mpi", help="allreduce: algorithm")
+    strategy.add_argument("--n-push", type=positive_int, default=1, help="downpour: push every N steps")
+    strategy.add_argument("--n-fetch", type=positive_int, default=1, help="downpour: fetch every N steps")
+    strategy.add_argument("--easgd-mode", choices=("sync", "async"), default="sync")
+    strategy.add_argument("--rho", type=positive_float, default=None,
+                          help="easgd: elastic strength ρ (default: η·ρ = 0.9 / workers)")
+    strategy.add_argument("--tau", type=positive_int, default=1, help="easgd: steps between elastic exchanges")
+    strategy.add_argument("--portions", type=positive_int, default=None,
+                          help="sandblaster: portions per batch (default 2 × workers)")
+    strategy.add_argument("--max-copies", type=positive_int, default=2,
+                          help="sandblaster: copies of one portion in flight at most")
+    strategy.add_argument("--split", type=positive_int, default=None,
+                          help="model-parallel: first layer on rank 1 (default: the one after Flatten)")
+    strategy.add_argument("--micro-batches", type=positive_int, default=1, help="model-parallel: pipelining")
+    hooks = parser.add_argument_group("fault injection (tests)")
+    hooks.add_argument("--kill-rank", type=int, default=None, help="this rank exits abruptly ...")
+    hooks.add_argument("--kill-at-step", type=count, default=None, help="... at this step")
+    hooks.add_argument("--slow-rank", type=int, default=None, help="this rank computes --slow-down times slower")
+    hooks.add_argument("--slow-down", type=positive_float, default=3.0)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace):
+    """(TrainConfig, ParallelOptions, FaultHooks) from the parsed flags, the strategy's defaults filled in."""
+    from cnn.parallel.world import FaultHooks
+
+    if args.schedule is None:
+        args.schedule = "warmup" if args.strategy in GROWING_BATCH else "constant"
+    if (args.kill_rank is None) != (args.kill_at_step is None):
+        raise ValueError("--kill-rank and --kill-at-step go together")
+    options = ParallelOptions(**{f.name: getattr(args, f.name) for f in fields(ParallelOptions)})
+    hooks = FaultHooks(args.kill_rank, args.kill_at_step, args.slow_rank, args.slow_down)
+    return args, options, hooks
+
+
+def run_strategy(args, options, hooks) -> int:
+    """Start MPI, check the layout, train with the strategy, report; returns the exit code."""
+    from mpi4py import MPI
+
+    from cnn.parallel.common import Run
+    from cnn.parallel.world import PeerLost, World
+    from cnn.train import TrainingDiverged
+
+    world = World(MPI.COMM_WORLD, options.peer_timeout, hooks, quiet=not args.progress)
+    module = importlib.import_module(STRATEGIES[options.strategy])
+    workers, roles = module.layout(world.size, options)
+    if args.lr_scale is None:
+        args.lr_scale = float(workers) if args.schedule == "warmup" else 1.0
+    config = config_from_args(args)
+    command = "mpiexec -n {} python -m mpi4py -m cnn.parallel {}".format(world.size, " ".join(sys.argv[1:]))
+    run = Run(config, options, world, workers, roles, command)
+    try:
+        extra = module.train(run)
+    except PeerLost as lost:
+        return world.leave(run.stop_after_loss(lost))
+    except TrainingDiverged as err:
+        if world.rank == 0:
+            world.warn(f"python -m cnn.parallel: {err}")
+        run.training_done()
+        run.report(status="diverged", message=str(err))
+        return world.leave(EXIT_FAILED)
+    status = "completed" if not world.lost else "completed without rank(s) " + ", ".join(map(str, sorted(world.lost)))
+    run.report(status=status, **extra)
+    return world.leave(0)
+
+
+def main(argv=None) -> int:
+    from cnn.data import DataError
+    from cnn.stages import StageUnavailable
+
+    speaks = launcher_rank() == 0
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit:          # --help, or a bad flag already reported by rank 0
+        return exit.code
+    try:
+        args, options, hooks = settings_from_args(args)
+        return run_strategy(args, options, hooks)
+    except (ValueError, DataError, StageUnavailable) as err:
+        if speaks:
+            print(f"python -m cnn.parallel: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
