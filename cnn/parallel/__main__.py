@@ -11,9 +11,10 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 from cnn.parallel.cli import main  # noqa: E402  (after the thread settings, before numpy loads)
 
 _code = main()
-if _code and "mpi4py.MPI" in sys.modules:
-    # A handled failure (bad input, a lost peer) ends with its own exit code, not with the
-    # MPI_Abort that `python -m mpi4py` reserves for unhandled exceptions: finalize first.
+if "mpi4py.MPI" in sys.modules:
+    # Finalize here rather than at interpreter exit: a handled failure then ends with its own exit
+    # code, not with the MPI_Abort that `python -m mpi4py` reserves for unhandled exceptions, and
+    # the watchdog World.leave arms after a lost peer is still running (Python's shutdown stops it).
     from mpi4py import MPI
 
     if MPI.Is_initialized() and not MPI.Is_finalized():

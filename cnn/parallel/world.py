@@ -195,5 +195,5 @@ class World:
         sys.stdout.flush()
         sys.stderr.flush()
         if self.lost:
-            faulthandler.dump_traceback_later(self.timeout + 5, exit=True, file=open(os.devnull, "w"))
+            faulthandler.dump_traceback_later(self.timeout + 3, exit=True, file=open(os.devnull, "w"))
         return code
