@@ -260,7 +260,8 @@ def _train_epoch(config, stage, epoch, start_batch, order, train_x, train_y, tes
             accuracy, test_loss = evaluate(stage, test_x[subset], test_y[subset])
             history["evals"].append([step + 1, accuracy, test_loss, history["train_seconds"]])
             last_accuracy = accuracy
-        bar.set_postfix(loss=f"{loss:.4f}", acc=f"{last_accuracy:.2%}", img_s=f"{config.batch_size / elapsed:,.0f}")
+        shown_accuracy = "n/a" if math.isnan(last_accuracy) else f"{last_accuracy:.2%}"   # none measured yet
+        bar.set_postfix(loss=f"{loss:.4f}", test_acc=shown_accuracy, img_s=f"{config.batch_size / elapsed:,.0f}")
         bar.update(1)
         if config.checkpoint and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             save_checkpoint(config.checkpoint, stage, config, epoch, batch + 1, epoch_rng_state, history)
