@@ -205,6 +205,23 @@ def test_torch_equals_numpy(net_name):
     assert rel_error(grad_torch, grad) < 1e-4
 
 
+def test_torch_train_steps_equal_numpy():
+    """torch_train_step + sgd_optimizer apply our update rule: same parameters after two steps (float64)."""
+    pytest.importorskip("torch")
+    from cnn.reference_torch import flat_params, load_flat_params, sgd_optimizer, torch_model, torch_train_step
+
+    net = ODD_NETWORKS["pad2-pool2s1"]
+    stage = make_stage(NumpyStage, net, np.float64)
+    model = torch_model(net, np.float64)
+    load_flat_params(model, stage.get_params())
+    optimizer = sgd_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for step in range(2):
+        images, labels = random_batch(net, 4, np.float64, seed=40 + step)
+        loss = stage.train_step(images, labels, lr=0.05, momentum=0.9, weight_decay=1e-3)
+        assert rel_error(torch_train_step(model, optimizer, images, labels), loss) < 1e-10
+    assert rel_error(flat_params(model), stage.get_params()) < 1e-10
+
+
 def test_torch_missing_is_one_line(monkeypatch):
     from cnn.reference_torch import torch_model
 

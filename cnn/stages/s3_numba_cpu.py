@@ -5,17 +5,20 @@ What changes against stage 2:
 - The loops come back — compiled. ``@njit`` turns loops into machine code, so a loop
   costs what it costs in C, and no im2col matrix is built. The convolution is written
   one weight at a time: ``z += W[f, c, p, q] · (input channel c shifted by (p, q))``.
-- Memory layout for SIMD. Each thread copies a few samples of one channel, zero-padded
-  and stacked one under the other, into a private scratch plane (``_load_channel``),
-  and its conv outputs live in a second plane with the same row length. For stride 1
-  the shift by (p, q) is then the same for every output of every stacked sample, so
-  the loops over samples, rows and columns collapse into ONE contiguous loop of a few
-  thousand steps per weight, which the compiler turns into SIMD fused multiply-adds
-  (``_axpy``, ``_dot``). The positions that straddle a row or sample edge are computed
-  too and never read; loop lengths are rounded up to a multiple of SIMD_ROUND so that
-  no scalar tail loop runs; BLOCK_NUMBERS keeps a plane within the L1 cache. A
-  convolution of stride s > 1 is computed at stride 1 and read every s-th output:
-  s² times the arithmetic, but one set of loops (no network of the course uses it).
+- Memory layout for SIMD. A thread copies channel c of a block of samples, zero-padded,
+  into a private scratch with the sample index innermost — (row, column, sample) order
+  (``_load_channel``) — and keeps its conv outputs in the same layout. The shift by
+  (p, q) is then ONE offset for every output of every sample in the block, so the loops
+  over rows, columns and samples collapse into one contiguous loop of a few thousand
+  steps per weight, which the compiler turns into SIMD fused multiply-adds (``_axpy``,
+  ``_dot``). The K − 1 columns at the right edge of each row straddle two rows: they are
+  computed too and never read (30 % extra work for LeNet-5's second conv; stacking the
+  samples one under the other instead also wastes K − 1 rows per sample, 56 %, and
+  measured ~40 % slower on that layer). Loop lengths are rounded up to a multiple of
+  SIMD_ROUND so that no scalar tail loop runs; BLOCK_NUMBERS keeps a block's plane
+  about L1-sized. A convolution of stride s > 1 is computed at stride 1 and read every
+  s-th output: s² times the arithmetic, but one set of loops (no network of the course
+  has one).
 - Conv + bias + ReLU + max-pool run as ONE kernel, as the CUDA stage 5 will do: the
   conv plane stays in cache and is pooled straight into the output, so only the pooled
   output and the argmax "switches" reach memory. Backward, the gradient at the conv
@@ -37,17 +40,30 @@ What changes against stage 2:
   are allocated once per batch size and reused. The first layer skips dL/d(images),
   which training never needs (PyTorch skips it too); ``input_grad`` computes it on
   demand. The SGD update is one compiled pass (``sgd_momentum_kernel``).
-- Dense layers stay the BLAS matrix products of stage 2 (numpy's ``matmul``): for the
-  three LeNet-5 dense layers, forward + backward at batch 64, one thread, BLAS took
-  DENSE_BLAS against DENSE_NJIT for straightforward ``njit`` loops.
+- Dense layers are compiled loops too (threads over (sample, output) pairs forward,
+  over rows of dW and of dx backward). numpy's BLAS is faster per FLOP (LeNet-5's three
+  dense layers, forward + backward at batch 64 on one thread: 0.26 ms against 0.8 ms),
+  but OpenBLAS brings a second thread pool that fights Numba's for the same two cores:
+  a whole step measured a median 18-23 ms with BLAS dense layers against 13-20 ms with
+  the compiled ones (separate runs, alternated, on this machine while it was loaded).
 
-What it bought, measured on this machine (2-core Intel Xeon, AVX-512; numba 0.68,
-torch 2.13 CPU; 2 threads each; one LeNet-5 training step, batch 64, real MNIST,
-median of interleaved repeats)::
+What it bought, measured on this machine (2-core Intel Xeon, AVX-512; numba 0.68, torch
+2.13 CPU; 2 threads each; one LeNet-5 training step, batch 64, float32, real MNIST; median
+of 120 steps per row (numpy: 40), the rows taking turns)::
 
-    python benchmarks/numba_vs_torch.py
+    python benchmarks/numba_vs_torch.py --repeats 120
 
-MEASUREMENTS
+    stage numpy (stage 2)     39.80 ms/step   (10th-90th percentile 35.33-47.87)
+    numba-cpu, fuse=False      8.74 ms/step   (10th-90th percentile 7.75-10.33)
+    numba-cpu                  6.42 ms/step   (10th-90th percentile 5.54-8.07)
+    PyTorch 2.13 CPU           9.62 ms/step   (10th-90th percentile 7.44-20.46)
+
+numba-cpu / PyTorch = 0.67 (ratio of the minima: 0.78); 6.2x faster than stage 2; fused
+against ``fuse=False`` (whose separate ReLU and max-pool kernels are single-threaded):
+1.36x. Other jobs kept this 2-core machine busy (load average 3.5) during the run, which
+inflates every row; the numbers are in benchmarks/results/numba_vs_torch-vm-2026-11-22.json.
+On one thread (``--threads 1``, load 2.6): numba-cpu 9.30 ms, PyTorch 10.13 ms (ratio 0.92)
+— the compiled loops match PyTorch's kernels, and scale better to the second core.
 """
 
 from __future__ import annotations
@@ -65,8 +81,8 @@ from cnn.stages.base import HostStage, Ops, softmax_cross_entropy
 SAFE_FASTMATH = {"reassoc", "contract", "nsz"}
 
 
-# Tuning constants (numbers per loop, not bytes; chosen by measurement on this machine)
-BLOCK_NUMBERS = 4096   # a block of stacked samples holds about this many numbers per channel (L1-sized)
+# Tuning constants, counted in numbers (not bytes). 2048 and 4096 measured alike on this machine.
+BLOCK_NUMBERS = 4096   # a block of samples holds about this many numbers per channel (L1-sized in float32)
 SIMD_ROUND = 32        # loop lengths are rounded up to a multiple of this: no scalar tail loop
 
 
@@ -242,6 +258,8 @@ def _unpool_plane(dout, out, switch, relu, pooled, plane_width, row_step, col_st
             total += dout[i, j]
     return total
 
+
+# -- the kernels: one call per layer (parallel=True ones spread work items over the threads) --
 
 @njit(cache=True)
 def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi):
