@@ -1,4 +1,4 @@
-"""Stage 5's fused conv + bias + ReLU + max-pool, with each block's filter in shared memory (stage 7's ``smem-weights`` fix).
+"""Stage 5's fused conv + bias + ReLU + max-pool with the block's filter in shared memory (``smem-weights``).
 
 Reference: ``kernels.conv_pool_fused`` (same results; its docstring has the maths). What changes
 is which thread works on what, so that a block can share one filter:

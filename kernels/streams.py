@@ -23,8 +23,6 @@ allocation functions.
 
 from __future__ import annotations
 
-import numpy as np
-
 from kernels.device import cuda, simulated
 from kernels.launch import LaunchCounter
 
@@ -36,6 +34,12 @@ GPU_ALLOCATORS = ("memalloc", "memhostalloc", "memallocmanaged")
 def new_event(timing: bool = False):
     """A CUDA event; ``timing`` only on a GPU (the simulator's events take no arguments and time nothing)."""
     return cuda.event() if simulated() else cuda.event(timing=timing)
+
+
+def device_array_class() -> type:
+    """The class of ``cuda.device_array``'s arrays (the simulator has its own), found without allocating one."""
+    arrays = cuda.cudadrv.devicearray
+    return arrays.FakeCUDAArray if simulated() else arrays.DeviceNDArray
 
 
 def is_device_array(value) -> bool:
@@ -109,7 +113,7 @@ class CopyCounter:
     def __enter__(self):
         self.to_device = self.to_host = self.bytes_to_device = self.bytes_to_host = 0
         self._patches = _Patches()
-        array_class = type(cuda.device_array(1, dtype=np.float32))    # before counting starts
+        array_class = device_array_class()
         self._patches.wrap(array_class, "copy_to_device", self._counting_to_device)
         self._patches.wrap(array_class, "copy_to_host", self._counting_to_host)
         return self

@@ -18,7 +18,7 @@ from cnn.stages.s2_numpy import NumpyStage
 from cnn.stages.s6_cuda_ring import CudaRingStage, main, ring_timeline
 from kernels.device import simulated
 from kernels.gradient_ring import FREE, READY, WRITING, RingStall, SlotStates
-from kernels.streams import AllocationCounter
+from kernels.streams import AllocationCounter, CopyCounter
 
 # one fused conv block (its gradient goes through stage 5's push kernel) and one dense layer
 TINY = Network("tiny", (1, 6, 6), (Conv(1, 2, 3), ReLU(), MaxPool(2, 2), Flatten(), Dense(8, 3)))
@@ -95,8 +95,9 @@ def test_ring_stage_trains_like_numpy_without_allocating():
     grads = []
     for step in range(3):
         images, labels = random_batch(net, 2, seed=step)
-        with AllocationCounter() as allocations:
+        with AllocationCounter() as allocations, CopyCounter() as copies:
             loss = ring.train_step(images, labels, **HYPER)
+        assert (copies.to_device, copies.to_host) == (2, 2)     # images, labels in; gradient slot, loss out
         assert rel_error(loss, ref.train_step(images.astype(np.float64), labels, **HYPER)) < TOL
         grads.append(ref.get_grad())
         assert rel_error(ring.get_grad(), grads[-1]) < TOL

@@ -393,6 +393,10 @@ class CudaStage(Stage):
 
     def update(self, lr, momentum, weight_decay):
         sgd.sgd_momentum(self.d_params, self.d_velocity, self.d_grad, lr, momentum, weight_decay, self.launch)
+        self.count_step_launches()
+
+    def count_step_launches(self) -> None:
+        """A training step ends here: remember how many kernels it queued since ``load_batch``."""
         if self._step_start is not None:
             self._last_step_launches = self.launch.count - self._step_start
             self._step_start = None

@@ -1,4 +1,4 @@
-"""Stage 6 ``cuda-ring``: gradients written into a circular buffer of K device slots, copied out while the next step computes.
+"""Stage 6 ``cuda-ring``: gradients go into a ring of K device slots, copied out while the next step computes.
 
 What changes against stage 5 (``cuda-fused``) — the arithmetic is stage 5's, kernel for kernel;
 what moves is where the gradient goes and on which stream things run:
@@ -99,7 +99,7 @@ class CudaRingStage(CudaFusedStage):
         if len(self.group) == self.ring.slots:
             self._apply_accumulated(lr, momentum, weight_decay)
         else:
-            self._count_step_launches()
+            self.count_step_launches()
 
     def fetch_loss(self):
         self.d_loss.copy_to_host(self.host_loss, stream=self.stream)
@@ -116,15 +116,10 @@ class CudaRingStage(CudaFusedStage):
         self.d_weights.copy_to_device(weights, stream=self.stream)
         weighted_sum(self.ring.device, self.d_weights, self.d_accumulated, self.launch)
         sgd.sgd_momentum(self.d_params, self.d_velocity, self.d_accumulated, lr, momentum, weight_decay, self.launch)
-        self._count_step_launches()
+        self.count_step_launches()
         for slot, _ in self.group:
             self.ring.consumed(slot)
         self.group = []
-
-    def _count_step_launches(self):
-        if self._step_start is not None:
-            self._last_step_launches = self.launch.count - self._step_start
-            self._step_start = None
 
     def _release_unconsumed(self):
         """A gradient nobody passed to update (``loss_and_grad``): free its slot, and any partial group."""

@@ -8,19 +8,24 @@ The profile first (``cuda-ring``, where the time goes)
 -------------------------------------------------------
 Counted per training step in Numba's CUDA simulator by ``step_census`` (counts are exact
 there; times are not, so none is given). LeNet-5 and AlexNet-small, batch 2 — every count but
-the bytes is the same at any batch size; bytes are per sample:
+the bytes is the same at any batch size and layer width; bytes are per sample:
 
-    python -m cnn.stages.s7_cuda_tuned --census        (runs in the simulator too)
+    python -m cnn.stages.s7_cuda_tuned --census        (seconds on a GPU; the simulator needs
+                                                        tens of minutes at full width)
 
     per training step                          LeNet-5               AlexNet-small
                                         cuda-ring  cuda-tuned   cuda-ring  cuda-tuned
     kernel launches                            26          16          30          18
-    array arguments of those launches          93          67         107          77
+    array arguments of those launches          81          75          96          88
     host→device copies                          2           0           2           0
       bytes per sample                       3140           0       12292           0
     device→host copies (besides the ring)       1           1           1           1
     device allocations after warm-up            0           0           0           0
-    modelled host launch cost (µs)          497.1       340.1       572.5       387.4
+    modelled host launch cost (µs)          455.1       368.1       534.0       426.8
+
+(Counted in the simulator on the reduced-width copies of the two networks that the tests use —
+same layers, so the same launches and arguments; the bytes are the full-size images' 28·28·4 and
+3·32·32·4, plus a 4-byte label.)
 
 The last row is a model, not a measurement: 6.6 µs a launch plus 3.5 µs an array argument,
 numba-cuda's own numbers (NVIDIA/numba-cuda#288). At ~0.5 ms it is the same order as the
@@ -64,7 +69,8 @@ simulator)::
     python -m cnn.stages.s7_cuda_tuned --ablation --model lenet5 --batch-size 64
     python -m cnn.stages.s7_cuda_tuned --ablation --model alexnet-small --batch-size 128
     python -m cnn bench --stages cuda,cuda-fused,cuda-ring,cuda-tuned --model lenet5 --batch-size 64
-    python -m cnn bench --stages cuda,cuda-fused,cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 --data random
+    python -m cnn bench --stages cuda,cuda-fused,cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 \\
+        --data random
 
     | step time (ms, median)       | LeNet-5 b=64 | AlexNet-small b=128 |
     |------------------------------|--------------|---------------------|
@@ -237,7 +243,8 @@ def wire_masks(blocks) -> None:
 # -- the stage -------------------------------------------------------------------------------------
 class CudaTunedStage(CudaRingStage):
     name = "cuda-tuned"
-    summary = "Numba CUDA: stage 6 + profile-driven fixes (resident data, pinned/overlapped copies, fused loss, fewer launches, tuned launches, shared-memory filters)"
+    summary = ("Numba CUDA: stage 6 + profile-driven fixes (resident data, pinned/overlapped copies, fused loss, "
+               "fewer launches, tuned launches, shared-memory filters)")
 
     def __init__(self, net, dtype=np.float32, fixes=FIXES, slots: int = 2, **ring_options):
         self.fixes = check_fixes(fixes)
@@ -343,8 +350,9 @@ class CudaTunedStage(CudaRingStage):
         images = np.ascontiguousarray(images, dtype=np.float32)
         labels = np.asarray(labels)
         if images.ndim != 4 or images.shape[1:] != tuple(self.net.input_shape) or len(images) != len(labels):
-            raise ValueError(f"stage {self.name!r}: load_dataset needs images (N, {', '.join(map(str, self.net.input_shape))}) "
-                             f"and N labels, got {images.shape} and {labels.shape}")
+            expected = ", ".join(map(str, self.net.input_shape))
+            raise ValueError(f"stage {self.name!r}: load_dataset needs images (N, {expected}) and N labels, "
+                             f"got {images.shape} and {labels.shape}")
         if len(labels) == 0 or labels.min() < 0 or labels.max() >= self.net.num_classes:
             raise ValueError(f"stage {self.name!r}: dataset labels must lie in [0, {self.net.num_classes})")
         self.dataset_size, self.epoch, self.cursor, self.seed = len(images), 0, 0, seed
@@ -416,8 +424,12 @@ class CudaTunedStage(CudaRingStage):
 
 # -- the profile: what a step does besides arithmetic (counts: valid in the simulator too) ----------
 def step_census(stage, run_steps, steps: int = 2) -> dict:
-    """Launches, array arguments, copies and device allocations per step of ``run_steps(n)`` (after one warm-up step)."""
-    run_steps(1)
+    """Launches, array arguments, copies and device allocations per step of ``run_steps(n)``.
+
+    After two warm-up steps (compilation, buffers for the batch size, and the second set of input
+    buffers that overlap-copies fills from the second step on).
+    """
+    run_steps(2)
     stage.synchronize()
     launches, array_args = stage.launch.count, getattr(stage.launch, "array_args", 0)
     with CopyCounter() as copies, AllocationCounter() as allocations:
@@ -465,10 +477,10 @@ def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps:
             ("copies_to_host", "device→host copies (besides the ring)"),
             ("device_allocations", "device allocations after warm-up"),
             ("modelled_launch_us", "modelled host launch cost (µs)")]
-    lines = [f"{'per training step':<40}" + "".join(f"{f'{m} {s}':>26}" for m in models for s in ("cuda-ring", "cuda-tuned"))]
+    columns = [(model, stage) for model in models for stage in ("cuda-ring", "cuda-tuned")]
+    lines = [f"{'per training step':<40}" + "".join(f"{f'{model} {stage}':>26}" for model, stage in columns)]
     for key, label in keys:
-        values = [rows[m, s][key] / (batch_size if key == "bytes_to_device" else 1)
-                  for m in models for s in ("cuda-ring", "cuda-tuned")]
+        values = [rows[column][key] / (batch_size if key == "bytes_to_device" else 1) for column in columns]
         lines.append(f"{label:<40}" + "".join(f"{v:>26.1f}" if key == "modelled_launch_us" else f"{v:>26g}"
                                              for v in values))
     return "\n".join(lines)
@@ -482,8 +494,8 @@ def ablation_variants() -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
         needs = tuple(f for f in with_requirements(fix) if f != fix)
         rows.append((f"+ {fix} alone", needs, with_requirements(fix)))
     for count in range(1, len(FIXES) + 1):
-        rows.append((f"cumulative: {' + '.join(FIXES[:count])}", with_requirements(*FIXES[:count - 1]) if count > 1 else (),
-                     with_requirements(*FIXES[:count])))
+        baseline = with_requirements(*FIXES[:count - 1]) if count > 1 else ()
+        rows.append((f"cumulative: {' + '.join(FIXES[:count])}", baseline, with_requirements(*FIXES[:count])))
     return rows
 
 
