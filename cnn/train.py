@@ -252,7 +252,7 @@ def _train_epoch(config, stage, epoch, start_batch, order, train_x, train_y, tes
         elapsed = time.perf_counter() - started
         if not math.isfinite(loss):
             bar.close()
-            raise TrainingDiverged(_divergence_message(config, loss, epoch, batch, lr))
+            raise TrainingDiverged(divergence_message(config, loss, epoch, batch, lr))
         history["train_seconds"] += elapsed
         history["steps"].append([step + 1, loss, lr, history["train_seconds"]])
         if config.eval_every and (step + 1) % config.eval_every == 0:
@@ -268,7 +268,8 @@ def _train_epoch(config, stage, epoch, start_batch, order, train_x, train_y, tes
     bar.close()
 
 
-def _divergence_message(config, loss, epoch, batch, lr) -> str:
+def divergence_message(config, loss, epoch, batch, lr) -> str:
+    """The one-line error when the loss stops being finite (also used by the MPI trainers)."""
     kept = (f"the last good checkpoint is kept at {config.checkpoint}" if config.checkpoint
             else "no checkpoint was being written (--checkpoint PATH keeps one)")
     return (f"training diverged: loss is {loss} at epoch {epoch + 1}, batch {batch + 1} (lr={lr:g}); "

@@ -25,7 +25,7 @@ import numpy as np
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.base import sgd_momentum_update
-from cnn.train import (TrainConfig, TrainingDiverged, _divergence_message, evaluate, load_dataset, lr_at,
+from cnn.train import (TrainConfig, TrainingDiverged, divergence_message, evaluate, load_dataset, lr_at,
                        save_checkpoint)
 from cnn.parallel.timing import PhaseTimer, format_breakdown, format_step, write_timeline
 from cnn.parallel.world import PeerLost, World
@@ -231,7 +231,7 @@ class Run:
             self.history["steps"].append([step + 1, loss, lr, self.history["train_seconds"]])
             if not math.isfinite(loss):
                 epoch, batch = divmod(step, self.steps_per_epoch)
-                raise TrainingDiverged(_divergence_message(self.config, loss, epoch, batch, lr))
+                raise TrainingDiverged(divergence_message(self.config, loss, epoch, batch, lr))
         if self.rank == 0 and self.should_log(step, total):
             self.world.log(format_step(step, total or self.total_steps, record, lr, loss, workers))
         return record

@@ -189,8 +189,12 @@ class Block:
         return self.stage.grad_views[self.index]
 
 
-class ConvBlock(Block):
-    """Conv, and the ReLU after it when there is one (applied in the bias kernel)."""
+class LayerReluBlock(Block):
+    """A Conv or Dense layer, and the ReLU after it when there is one (applied in the bias kernel).
+
+    Subclasses say which kernels run the layer: ``layer_forward(x, y)`` and
+    ``layer_backward(dy, dx)`` (dx is None for the network's first block).
+    """
 
     def __init__(self, stage, index, relu: bool):
         self.layer_count, self.relu = (2 if relu else 1), relu
@@ -199,38 +203,37 @@ class ConvBlock(Block):
     def forward(self, x):
         self.x = x
         self.y = self.buffer("y", (x.shape[0], *self.out_shape))
-        conv_layer_forward(x, self.params["W"], self.params["b"], self.y,
-                           self.layer.stride, self.layer.pad, self.relu, self.launch)
+        self.layer_forward(x, self.y)
         return self.y
 
     def backward(self, dy, need_dx):
-        if self.relu:
+        if self.relu and self.masks_own_relu():
             bias_relu.relu_backward(dy, self.y, dy, self.launch)        # in place
         dx = self.buffer("dx", self.x.shape) if need_dx else None
+        self.layer_backward(dy, dx)
+        return dx
+
+    def masks_own_relu(self) -> bool:
+        """Whether this block applies its ReLU's mask to dy (stage 7 can leave it to the block above)."""
+        return True
+
+
+class ConvBlock(LayerReluBlock):
+    def layer_forward(self, x, y):
+        conv_layer_forward(x, self.params["W"], self.params["b"], y, self.layer.stride, self.layer.pad,
+                           self.relu, self.launch)
+
+    def layer_backward(self, dy, dx):
         conv_layer_backward(dy, self.x, self.params["W"], dx, self.grads["W"], self.grads["b"],
                             self.layer.stride, self.layer.pad, self.launch)
-        return dx
 
 
-class DenseBlock(Block):
-    """Dense, and the ReLU after it when there is one (applied in the bias kernel)."""
+class DenseBlock(LayerReluBlock):
+    def layer_forward(self, x, y):
+        dense_layer_forward(x, self.params["W"], self.params["b"], y, self.relu, self.launch)
 
-    def __init__(self, stage, index, relu: bool):
-        self.layer_count, self.relu = (2 if relu else 1), relu
-        super().__init__(stage, index)
-
-    def forward(self, x):
-        self.x = x
-        self.y = self.buffer("y", (x.shape[0], *self.out_shape))
-        dense_layer_forward(x, self.params["W"], self.params["b"], self.y, self.relu, self.launch)
-        return self.y
-
-    def backward(self, dy, need_dx):
-        if self.relu:
-            bias_relu.relu_backward(dy, self.y, dy, self.launch)        # in place
-        dx = self.buffer("dx", self.x.shape) if need_dx else None
+    def layer_backward(self, dy, dx):
         dense_layer_backward(dy, self.x, self.params["W"], dx, self.grads["W"], self.grads["b"], self.launch)
-        return dx
 
 
 class ReluBlock(Block):

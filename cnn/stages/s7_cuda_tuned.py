@@ -198,29 +198,24 @@ class TunedDenseBlock(DenseBlock):
     def tile(self, rows, cols):
         return self.stage.config.tile(rows, cols)
 
-    def forward(self, x):
-        if not self.fused:
-            return super().forward(x)
-        self.x = x
-        self.y = self.buffer("y", (x.shape[0], *self.out_shape))
-        dense_fused.dense_forward(x, self.params["W"], self.params["b"], self.y, self.relu,
-                                  self.tile(*self.y.shape), self.launch)
-        return self.y
+    def masks_own_relu(self) -> bool:
+        return not self.masked_from_above
 
-    def backward(self, dy, need_dx):
+    def layer_forward(self, x, y):
         if not self.fused:
-            return super().backward(dy, need_dx)
-        if self.relu and not self.masked_from_above:
-            bias_relu.relu_backward(dy, self.y, dy, self.launch)
+            return super().layer_forward(x, y)
+        dense_fused.dense_forward(x, self.params["W"], self.params["b"], y, self.relu, self.tile(*y.shape),
+                                  self.launch)
+
+    def layer_backward(self, dy, dx):
+        if not self.fused:
+            return super().layer_backward(dy, dx)
         weights = self.params["W"]
         dense_fused.dense_backward_params(dy, self.x, self.grads["W"], self.grads["b"], self.tile(*weights.shape),
                                           self.launch)
-        if not need_dx:
-            return None
-        dx = self.buffer("dx", self.x.shape)
-        dense_fused.dense_backward_data(dy, weights, dx, self.tile(*dx.shape), self.x if self.mask_dx else None,
-                                        self.launch)
-        return dx
+        if dx is not None:
+            dense_fused.dense_backward_data(dy, weights, dx, self.tile(*dx.shape), self.x if self.mask_dx else None,
+                                            self.launch)
 
 
 class DenseLossBlock(TunedDenseBlock):
