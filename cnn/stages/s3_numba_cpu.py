@@ -53,16 +53,18 @@ of 120 steps per row (numpy: 40), the rows taking turns)::
 
     python benchmarks/numba_vs_torch.py --repeats 120
 
-    stage numpy (stage 2)     39.80 ms/step   (10th-90th percentile 35.33-47.87)
-    numba-cpu, fuse=False      8.74 ms/step   (10th-90th percentile 7.75-10.33)
-    numba-cpu                  6.42 ms/step   (10th-90th percentile 5.54-8.07)
-    PyTorch 2.13 CPU           9.62 ms/step   (10th-90th percentile 7.44-20.46)
+    stage numpy (stage 2)     31.41 ms/step   (10th-90th percentile 29.60-33.35)
+    numba-cpu, fuse=False      7.61 ms/step   (10th-90th percentile 6.70-8.21)
+    numba-cpu                  5.35 ms/step   (10th-90th percentile 4.75-8.88)
+    PyTorch 2.13 CPU           7.24 ms/step   (10th-90th percentile 6.56-14.94)
 
-numba-cpu / PyTorch = 0.67 (ratio of the minima: 0.78); 6.2x faster than stage 2; fused
+numba-cpu / PyTorch = 0.74 (ratio of the minima: 0.79); 5.9x faster than stage 2; fused
 against ``fuse=False`` (whose separate ReLU and max-pool kernels are single-threaded):
-1.36x. Other jobs kept this 2-core machine busy (load average 3.5) during the run, which
-inflates every row; the numbers are in benchmarks/results/numba_vs_torch-vm-2026-11-22.json.
-On one thread (``--threads 1``, load 2.6): numba-cpu 9.30 ms, PyTorch 10.13 ms (ratio 0.92)
+1.42x. Measured with no other job running (the file records a 1-minute load average of 1.8,
+the tail of a training run just before); the numbers are in
+benchmarks/results/numba_vs_torch-vm-2026-11-22.json. An earlier run while other jobs loaded
+the machine (load average 3.5) gave the same order: 6.42 against 9.62 ms (ratio 0.67). On one
+thread (``--threads 1``, loaded, load 2.6): numba-cpu 9.30 ms, PyTorch 10.13 ms (ratio 0.92)
 — the compiled loops match PyTorch's kernels, and scale better to the second core.
 """
 
