@@ -255,7 +255,34 @@ def alexnet_small() -> Network:
 NETWORKS = {"lenet5": lenet5, "alexnet-small": alexnet_small}
 
 
-def get_network(name: str) -> Network:
+def reduced(net: Network, input_size: int, widths) -> Network:
+    """``net`` with the same layer kinds, kernels, strides, pads and pools, narrower and on a smaller input.
+
+    ``widths`` gives the output channels of each Conv and the width of each hidden Dense, in order;
+    the last Dense keeps the number of classes. In Numba's CUDA simulator every thread costs a
+    fraction of a millisecond, so the CUDA stages are checked there on these copies: the same
+    kernels and launches, a hundred times fewer threads.
+    """
+    widths, shape, layers = iter(widths), (net.input_shape[0], input_size, input_size), []
+    last_dense = max(i for i, layer in enumerate(net.layers) if isinstance(layer, Dense))
+    for index, layer in enumerate(net.layers):
+        if isinstance(layer, Conv):
+            layer = Conv(shape[0], next(widths), layer.kernel, layer.stride, layer.pad)
+        elif isinstance(layer, Dense):
+            layer = Dense(shape[0], layer.out_features if index == last_dense else next(widths))
+        layers.append(layer)
+        shape = layer.output_shape(shape)
+    return Network(f"{net.name}-reduced", (net.input_shape[0], input_size, input_size), tuple(layers))
+
+
+#: (input size, widths) of each network's reduced copy for the simulator
+REDUCED = {"lenet5": (16, (2, 3, 6, 5)),                  # 16 → 12 → 6 → 2 → 1
+           "alexnet-small": (8, (2, 3, 4, 6, 5))}         # pad 2: 8 → 4 → 2 → 1
+
+
+def get_network(name: str, reduced_copy: bool = False) -> Network:
+    """The network called ``name``; with ``reduced_copy``, its narrow copy for the simulator (``REDUCED``)."""
     if name not in NETWORKS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(NETWORKS)}")
-    return NETWORKS[name]()
+    net = NETWORKS[name]()
+    return reduced(net, *REDUCED[name]) if reduced_copy else net

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cnn.gradcheck import rel_error
-from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, alexnet_small, init_params, lenet5
+from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, alexnet_small, get_network, init_params, lenet5
 from cnn.stages import get_stage, stage_names
 from cnn.stages.s2_numpy import NumpyStage
 from cnn.stages.s4_cuda import CudaStage
@@ -25,27 +25,9 @@ TOL = 1e-5
 HYPER = dict(lr=0.05, momentum=0.9, weight_decay=1e-3)
 
 
-def reduced(net: Network, input_size: int, widths) -> Network:
-    """``net`` with the same layer kinds, kernels, strides, pads and pools, narrower and on a smaller input.
-
-    ``widths`` gives the output channels of each Conv and the width of each hidden Dense, in order;
-    the last Dense keeps the number of classes.
-    """
-    widths, shape, layers = iter(widths), (net.input_shape[0], input_size, input_size), []
-    last_dense = max(i for i, layer in enumerate(net.layers) if isinstance(layer, Dense))
-    for index, layer in enumerate(net.layers):
-        if isinstance(layer, Conv):
-            layer = Conv(shape[0], next(widths), layer.kernel, layer.stride, layer.pad)
-        elif isinstance(layer, Dense):
-            layer = Dense(shape[0], layer.out_features if index == last_dense else next(widths))
-        layers.append(layer)
-        shape = layer.output_shape(shape)
-    return Network(f"{net.name}-reduced", (net.input_shape[0], input_size, input_size), tuple(layers))
-
-
 NETWORKS = {
-    "lenet5-reduced": reduced(lenet5(), 16, (2, 3, 6, 5)),           # 16 → 12 → 6 → 2 → 1
-    "alexnet-small-reduced": reduced(alexnet_small(), 8, (2, 3, 4, 6, 5)),   # pad 2: 8 → 4 → 2 → 1
+    "lenet5-reduced": get_network("lenet5", reduced_copy=True),
+    "alexnet-small-reduced": get_network("alexnet-small", reduced_copy=True),
     "no-fusion-pattern": Network("no-fusion-pattern", (2, 9, 9), (
         Conv(2, 3, 3, stride=2, pad=1), ReLU(), MaxPool(3, 1),    # fusable: conv kernel > stride, pools overlap
         Conv(3, 2, 2), MaxPool(2, 1), ReLU(),                      # a Conv with no ReLU, a ReLU after its pool

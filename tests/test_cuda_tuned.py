@@ -85,6 +85,20 @@ def test_counts_per_step_after():
     assert counts["modelled_launch_us"] == pytest.approx(6.6 * 11 + 3.5 * counts["array_args"])
 
 
+def test_census_table_in_the_docstring_is_what_the_code_counts(capsys):
+    """The docstring's before/after counts, recounted on the narrow networks (same layers, same counts)."""
+    import cnn.stages.s7_cuda_tuned as s7
+
+    assert main(["--census", "--reduced"]) == 0
+    documented = [line.strip() for line in s7.__doc__.splitlines()]
+    for row in capsys.readouterr().out.splitlines()[1:]:
+        label, counted = row[:40].strip(), row[40:].split()
+        if label == "bytes per sample":                 # the only row that depends on the input size
+            continue
+        line = next(line for line in documented if line.startswith(label))
+        assert [float(v) for v in line[len(label):].split()] == pytest.approx([float(v) for v in counted]), label
+
+
 def test_fix_switches_are_checked_in_one_line():
     with pytest.raises(ValueError, match="unknown fix 'warp-shuffles'"):
         CudaTunedStage(TINY, fixes=("warp-shuffles",))

@@ -10,8 +10,8 @@ Counted per training step in Numba's CUDA simulator by ``step_census`` (counts a
 there; times are not, so none is given). LeNet-5 and AlexNet-small, batch 2 — every count but
 the bytes is the same at any batch size and layer width; bytes are per sample:
 
-    python -m cnn.stages.s7_cuda_tuned --census        (seconds on a GPU; the simulator needs
-                                                        tens of minutes at full width)
+    python -m cnn.stages.s7_cuda_tuned --census             (seconds on a GPU, tens of minutes
+                                                             in the simulator; there add --reduced)
 
     per training step                          LeNet-5               AlexNet-small
                                         cuda-ring  cuda-tuned   cuda-ring  cuda-tuned
@@ -23,9 +23,9 @@ the bytes is the same at any batch size and layer width; bytes are per sample:
     device allocations after warm-up            0           0           0           0
     modelled host launch cost (µs)          455.1       368.1       534.0       426.8
 
-(Counted in the simulator on the reduced-width copies of the two networks that the tests use —
-same layers, so the same launches and arguments; the bytes are the full-size images' 28·28·4 and
-3·32·32·4, plus a 4-byte label.)
+(Counted in the simulator with ``--reduced``, on the narrow copies of the two networks that the
+tests use — same layers, so the same launches and arguments; the bytes are the full-size images'
+28·28·4 and 3·32·32·4, plus a 4-byte label.)
 
 The last row is a model, not a measurement: 6.6 µs a launch plus 3.5 µs an array argument,
 numba-cuda's own numbers (NVIDIA/numba-cuda#288). At ~0.5 ms it is the same order as the
@@ -453,13 +453,18 @@ def census_runner(stage, images, labels, batch_size, hyper):
     return run_steps
 
 
-def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 2) -> str:
-    """The before/after count table of the docstring (cuda-ring against cuda-tuned), as text."""
+def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 2,
+                 reduced_copy: bool = False) -> str:
+    """The before/after count table of the docstring (cuda-ring against cuda-tuned), as text.
+
+    ``reduced_copy`` counts on the networks' narrow copies (``cnn.model.REDUCED``): the same
+    launches, arguments, copies and allocations — only the bytes shrink — in seconds in the simulator.
+    """
     from cnn.model import get_network
 
     rows, hyper = {}, (0.01, 0.9, 0.0)
     for model in models:
-        net = get_network(model)
+        net = get_network(model, reduced_copy)
         rng = np.random.default_rng(0)
         images = rng.standard_normal((4 * batch_size, *net.input_shape)).astype(np.float32)
         labels = rng.integers(0, net.num_classes, len(images))
@@ -547,13 +552,15 @@ def main(argv=None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--ablation", action="store_true", help="time cuda-ring and every fix on its own (GPU only)")
     mode.add_argument("--census", action="store_true", help="launches, copies, allocations per step (simulator too)")
+    parser.add_argument("--reduced", action="store_true",
+                        help="--census on the networks' narrow copies: same counts, smaller bytes, fast in the simulator")
     parser.add_argument("--model", default="lenet5")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--out", default=str(bench.RESULTS_DIR))
     args = parser.parse_args(argv)
     if args.census:
-        print(census_table())
+        print(census_table(reduced_copy=args.reduced))
         return 0
     if bench.simulator_on():
         print(f"s7_cuda_tuned --ablation: {bench.SIMULATOR_REFUSAL}", file=sys.stderr)
