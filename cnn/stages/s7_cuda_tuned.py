@@ -10,8 +10,8 @@ Counted per training step in Numba's CUDA simulator by ``step_census`` (counts a
 there; times are not, so none is given). LeNet-5 and AlexNet-small, batch 2 — every count but
 the bytes is the same at any batch size and layer width; bytes are per sample:
 
-    python -m cnn.stages.s7_cuda_tuned --census             (seconds on a GPU, tens of minutes
-                                                             in the simulator; there add --reduced)
+    python -m cnn.stages.s7_cuda_tuned --census             (in the simulator add --reduced:
+                                                             at full width it takes tens of minutes)
 
     per training step                          LeNet-5               AlexNet-small
                                         cuda-ring  cuda-tuned   cuda-ring  cuda-tuned
