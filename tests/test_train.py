@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cnn.gradcheck import rel_error
-from cnn.model import get_network
+from cnn.model import INIT_SCHEMES, LOGITS_SCALE, get_network, init_params, param_views
 from cnn.stages import get_stage
 from cnn.train import (TrainConfig, TrainingDiverged, evaluate, load_checkpoint, lr_at, save_checkpoint,
                        train)
@@ -152,6 +152,33 @@ def test_real_mnist_learns_quickly(mnist_or_skip):
     history = train(quiet(epochs=1, batch_size=64, limit_train=64 * 150, limit_test=1000,
                           data_dir=mnist_or_skip))
     assert history["final_test_accuracy"] > 0.7
+
+
+@pytest.mark.parametrize("net_name", ["lenet5", "alexnet-small"])
+@pytest.mark.parametrize("scheme", INIT_SCHEMES)
+def test_untrained_network_starts_near_the_loss_of_knowing_nothing(net_name, scheme):
+    """Loss at initialisation ≈ ln(10), uniform guessing — not confidently wrong (He's full-size
+    last layer started LeNet-5 at 3.5–10.8)."""
+    net = get_network(net_name)
+    images = np.random.default_rng(1).normal(0, 1, (32, *net.input_shape)).astype(np.float32)
+    labels = np.arange(32) % 10
+    for seed in range(3):
+        stage = get_stage("numpy")(net).init(scheme, seed)
+        loss = stage.evaluate_loss(images, labels)
+        print(f"{net_name} {scheme} seed {seed}: initial loss {loss:.3f} (ln 10 = {np.log(10):.3f})")
+        assert abs(loss - np.log(10)) < 0.3
+
+
+def test_he_init_is_he_but_for_a_smaller_last_layer():
+    """Hidden weights have standard deviation √(2/fan_in); the last layer LOGITS_SCALE times that."""
+    net = get_network("alexnet-small")
+    views = param_views(net, init_params(net, "he", seed=2))
+    weight_layers = [index for index, params in enumerate(views) if "W" in params]
+    for index in weight_layers:
+        expected = np.sqrt(2.0 / net.layers[index].fans()[0])
+        if index == weight_layers[-1]:
+            expected *= LOGITS_SCALE
+        assert rel_error(views[index]["W"].std(), expected) < 0.1, f"layer {index}"
 
 
 def test_evaluate_counts_correct_predictions():
