@@ -163,6 +163,19 @@ def test_sandblaster_equals_one_process_although_a_straggler_gets_duplicates(dat
     assert_same_weights(checkpoint_of(tmp_path / "run.npz")["params"], expected)
 
 
+def test_sandblaster_duplicates_only_late_portions(data_dir, tmp_path):
+    """--backup-after 0 copies the last portion of every batch to the worker that is idle first;
+    with a threshold no portion is late enough, although one worker is 4 times slower."""
+    common = dict(limit_train=128, portions=4)
+    eager = run_parallel("sandblaster", 3, data_dir, tmp_path, name="eager", backup_after=0, **common)
+    patient = run_parallel("sandblaster", 3, data_dir, tmp_path, name="patient", backup_after=1000,
+                           slow_rank=2, slow_down=4, **common)
+    assert_succeeded(eager)
+    assert_succeeded(patient)
+    assert eager.summary["duplicates"] >= eager.summary["steps"]
+    assert patient.summary["duplicates"] == 0
+
+
 def test_model_parallel_with_pipelining_equals_one_process(data_dir, tmp_path):
     result = run_parallel("model-parallel", 2, data_dir, tmp_path, limit_train=64, micro_batches=3)
     assert_succeeded(result)

@@ -20,7 +20,7 @@ import sys
 from dataclasses import fields
 
 from cnn.cli import EXIT_BAD_INPUT, EXIT_FAILED, OneLineParser, add_training_arguments, config_from_args, count
-from cnn.cli import positive_float, positive_int
+from cnn.cli import non_negative_float, positive_float, positive_int
 from cnn.parallel import STRATEGIES
 from cnn.parallel.common import ParallelOptions
 
@@ -68,6 +68,9 @@ def build_parser() -> RankZeroParser:
                           help="sandblaster: portions per batch (default 2 × workers)")
     strategy.add_argument("--max-copies", type=positive_int, default=2,
                           help="sandblaster: copies of one portion in flight at most")
+    strategy.add_argument("--backup-after", type=non_negative_float, default=0.0,
+                          help="sandblaster: duplicate a portion only once it has been out this many "
+                               "times the median portion time (0: as soon as a worker is idle)")
     strategy.add_argument("--split", type=positive_int, default=None,
                           help="model-parallel: first layer on rank 1 (default: the one after Flatten)")
     strategy.add_argument("--micro-batches", type=positive_int, default=1, help="model-parallel: pipelining")

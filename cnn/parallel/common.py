@@ -48,6 +48,7 @@ class ParallelOptions:
     tau: int = 1                        # easgd: steps between elastic exchanges
     portions: int | None = None         # sandblaster: portions per batch (default 2 × workers)
     max_copies: int = 2                 # sandblaster: copies of one portion in flight at most
+    backup_after: float = 0.0           # sandblaster: a portion is late after this × the median portion time
     split: int | None = None            # model-parallel: index of the first layer on rank 1
     micro_batches: int = 1              # model-parallel: micro-batches per batch (pipelining)
 
