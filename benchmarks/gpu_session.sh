@@ -33,12 +33,12 @@ profile)
         set -- $model_batch
         python -m cnn bench --profile cuda-ring --model "$1" --batch-size "$2" --data random \
             > "$results/profile-cuda-ring-$1.txt"
-        python -m cnn.stages.s6_cuda_ring --timeline --model "$1" --batch-size "$2" --steps 20
-        python -m cnn.stages.s7_cuda_tuned --ablation --model "$1" --batch-size "$2"
+        python -m cnn bench --timeline --model "$1" --batch-size "$2" --steps 20
+        python -m cnn bench --ablation --model "$1" --batch-size "$2"
         python -m cnn bench --profile cuda-tuned --model "$1" --batch-size "$2" --data random \
             > "$results/profile-cuda-tuned-$1.txt"
     done
-    python -m cnn.stages.s7_cuda_tuned --census > "$results/census.txt"
+    python -m cnn bench --census > "$results/census.txt"
     ;;
 train)
     for stage in cuda-fused cuda-tuned; do

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 from test_cuda_stages import HYPER, TOL, compare_training, prepared, random_batch, start_params
 
+from cnn.bench.timeline import ring_timeline
+from cnn.cli import main
 from cnn.gradcheck import rel_error
 from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, alexnet_small, lenet5
 from cnn.stages import get_stage, stage_names
 from cnn.stages.s2_numpy import NumpyStage
-from cnn.stages.s6_cuda_ring import CudaRingStage, main, ring_timeline
+from cnn.stages.s6_cuda_ring import CudaRingStage
 from kernels.device import simulated
 from kernels.gradient_ring import FREE, READY, WRITING, RingStall, SlotStates
 from kernels.streams import AllocationCounter, CopyCounter
@@ -167,7 +169,7 @@ def test_timeline_refuses_in_the_simulator():
         pytest.skip("a real GPU runs the timeline (see the gpu test)")
     with pytest.raises(RuntimeError, match="simulator"):
         ring_timeline(CudaRingStage(TINY, timing=True), [random_batch(TINY, 2, 0)], (0.01, 0.9, 0.0))
-    assert main(["--timeline"]) == 2
+    assert main(["bench", "--timeline"]) == 2
 
 
 # -- full size, on a GPU -----------------------------------------------------------------------------

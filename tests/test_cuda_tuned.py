@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from test_cuda_stages import HYPER, NETWORKS, TOL, compare_training, prepared, start_params
 
+from cnn.bench.ablation import ablation, ablation_variants
+from cnn.bench.census import census_runner, step_census
+from cnn.cli import main
 from cnn.gradcheck import rel_error
 from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, alexnet_small, lenet5
 from cnn.stages import get_stage
 from cnn.stages.s2_numpy import NumpyStage
-from cnn.stages.s7_cuda_tuned import (FIXES, CudaTunedStage, ablation, ablation_variants, census_runner, main,
-                                      step_census, with_requirements)
+from cnn.stages.s7_cuda_tuned import FIXES, CudaTunedStage, with_requirements
 from kernels import dense_fused
 from kernels.device import cuda, simulated
 from kernels.launch_config import LaunchConfig
@@ -89,7 +91,7 @@ def test_census_table_in_the_docstring_is_what_the_code_counts(capsys):
     """The docstring's before/after counts, recounted on the narrow networks (same layers, same counts)."""
     import cnn.stages.s7_cuda_tuned as s7
 
-    assert main(["--census", "--reduced"]) == 0
+    assert main(["bench", "--census", "--reduced"]) == 0
     documented = [line.strip() for line in s7.__doc__.splitlines()]
     for row in capsys.readouterr().out.splitlines()[1:]:
         label, counted = row[:40].strip(), row[40:].split()
@@ -122,7 +124,7 @@ def test_ablation_refuses_to_time_in_the_simulator():
         pytest.skip("a real GPU runs the ablation")
     with pytest.raises(RuntimeError, match="simulator"):
         ablation("lenet5", 64)
-    assert main(["--ablation"]) == 2
+    assert main(["bench", "--ablation"]) == 2
 
 
 def test_dense_epilogues_on_several_tiles():

@@ -27,7 +27,7 @@ Launches per step are stage 5's (26 for LeNet-5, 30 for AlexNet-small); with acc
 update costs 2 launches (``weighted_sum`` then ``sgd_momentum``) every K micro-batches and 0 in
 between. ``fetch_loss`` copies on the compute stream, so it does not wait for the copy stream.
 
-Overlap is measured, not claimed: ``python -m cnn.stages.s6_cuda_ring --timeline`` records CUDA
+Overlap is measured, not claimed: ``python -m cnn bench --timeline`` (``cnn/bench/timeline.py``) records CUDA
 events on both streams around every step and every copy and writes the intervals and the overlap
 to ``benchmarks/results/ring-timeline-*.json``. NOT YET MEASURED ON A GPU. In Numba's simulator
 streams run one after another and events carry no time, so the command refuses to run there.
@@ -35,19 +35,14 @@ streams run one after another and events carry no time, so the command refuses t
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from cnn.model import param_views
 from cnn.stages.s5_cuda_fused import CudaFusedStage
 from kernels import sgd
-from kernels.device import cuda, simulated
+from kernels.device import cuda
 from kernels.gradient_ring import DEFAULT_TIMEOUT_S, GradientRing, weighted_sum
-from kernels.streams import StreamLaunchCounter, new_event
+from kernels.streams import StreamLaunchCounter
 
 
 class CudaRingStage(CudaFusedStage):
@@ -144,81 +139,5 @@ class CudaRingStage(CudaFusedStage):
         return float(np.linalg.norm(self.host_gradient(step).astype(np.float64)))
 
 
-# -- the overlap, measured: CUDA events on both streams (GPU only) ---------------------------------
-def overlap_ms(interval, others) -> float:
-    """Milliseconds of ``interval`` = (start, end) covered by the (disjoint) ``others``."""
-    start, end = interval
-    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in others)
-
-
-def ring_timeline(stage: CudaRingStage, batches, hyper, steps: int = 20, warmup: int = 3) -> dict:
-    """Per step: when the compute stream ran it and when the copy stream copied its gradient (ms from the start).
-
-    Timing events on the compute stream around each step, and the ring's own around each copy
-    (make the stage with ``timing=True``). A copy's ``overlap_ms`` is the part of it that ran while
-    the compute stream was busy with a step: copy time that cost the training nothing.
-    """
-    if simulated():
-        raise RuntimeError("ring_timeline: the CUDA simulator runs streams one after another and its events "
-                           "carry no time, so there is no overlap to measure; run on a GPU")
-    if not stage.ring.timing:
-        raise ValueError("ring_timeline: make the stage with timing=True, so that the ring times its copies")
-    for step in range(warmup):
-        stage.train_step(*batches[step % len(batches)], *hyper)
-    stage.synchronize()
-    stage.ring.copy_log.clear()
-    origin = new_event(timing=True)
-    origin.record(stage.stream)
-    marks = []
-    for step in range(steps):
-        start, end = new_event(timing=True), new_event(timing=True)
-        start.record(stage.stream)
-        stage.train_step(*batches[step % len(batches)], *hyper)
-        end.record(stage.stream)
-        marks.append((start, end))
-    stage.synchronize()
-    compute = [(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in marks]
-    rows = []
-    for (step, copy_start, copy_end), interval in zip(stage.ring.copy_log, compute):
-        copy = (origin.elapsed_time(copy_start), origin.elapsed_time(copy_end))
-        rows.append({"step": step, "compute_ms": list(interval), "copy_ms": list(copy),
-                     "overlap_ms": overlap_ms(copy, compute)})
-    copy_total = sum(row["copy_ms"][1] - row["copy_ms"][0] for row in rows)
-    hidden = sum(row["overlap_ms"] for row in rows)
-    return {"steps": rows, "copy_ms_total": copy_total, "overlap_ms_total": hidden,
-            "overlap_fraction": hidden / copy_total if copy_total > 0 else None}
-
-
-def main(argv=None) -> int:
-    """``python -m cnn.stages.s6_cuda_ring --timeline``: how much of the gradient copies hides under compute (GPU)."""
-    from cnn import bench
-    from cnn.model import get_network
-
-    parser = argparse.ArgumentParser(prog="python -m cnn.stages.s6_cuda_ring", description=main.__doc__)
-    parser.add_argument("--timeline", action="store_true", required=True)
-    parser.add_argument("--model", default="lenet5")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--slots", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--out", default=str(bench.RESULTS_DIR))
-    args = parser.parse_args(argv)
-    if bench.simulator_on():
-        print(f"s6_cuda_ring --timeline: {bench.SIMULATOR_REFUSAL}", file=sys.stderr)
-        return 2
-    net = get_network(args.model)
-    data = argparse.Namespace(batch_size=args.batch_size, dtype="float32", data="random", seed=0, model=args.model)
-    batches, _ = bench.benchmark_batches(net, data)
-    stage = CudaRingStage(net, slots=args.slots, timing=True).init("he", 0)
-    timeline = ring_timeline(stage, batches, bench.course_hyperparameters(), args.steps)
-    machine, created = bench.machine_record(), datetime.datetime.now().isoformat(timespec="seconds")
-    result = {"schema": bench.SCHEMA, "kind": "ring-timeline", "created": created, "command": bench.command_line(),
-              "machine": machine, "config": vars(args), **timeline}
-    path = bench.write_json(Path(args.out) / f"{bench.results_stem('ring-timeline', machine, created)}.json", result)
-    print(f"gradient copies: {timeline['copy_ms_total']:.3f} ms over {args.steps} steps, "
-          f"{timeline['overlap_ms_total']:.3f} ms of it under compute ({timeline['overlap_fraction'] or 0:.0%}); "
-          f"results: {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":      # the timeline is a benchmark command now
+    raise SystemExit("python -m cnn.stages.s6_cuda_ring: moved to python -m cnn bench --timeline")

@@ -2,15 +2,15 @@
 
 ``CudaTunedStage(net, fixes=FIXES)`` is ``cuda-ring`` plus the fixes named in ``fixes`` (all of
 them by default; ``fixes=()`` runs exactly stage 6's kernels), so that each can be measured on
-its own — the ablation ``python -m cnn.stages.s7_cuda_tuned --ablation``.
+its own — the ablation ``python -m cnn bench --ablation`` (``cnn/bench/ablation.py``).
 
 The profile first (``cuda-ring``, where the time goes)
 -------------------------------------------------------
-Counted per training step in Numba's CUDA simulator by ``step_census`` (counts are exact
+Counted per training step in Numba's CUDA simulator by ``cnn/bench/census.py`` (counts are exact
 there; times are not, so none is given). LeNet-5 and AlexNet-small, batch 2 — every count but
 the bytes is the same at any batch size and layer width; bytes are per sample:
 
-    python -m cnn.stages.s7_cuda_tuned --census             (in the simulator add --reduced:
+    python -m cnn bench --census                            (in the simulator add --reduced:
                                                              at full width it takes tens of minutes)
 
     per training step                          LeNet-5               AlexNet-small
@@ -66,8 +66,8 @@ The profile after, and what each fix bought — NOT YET MEASURED ON A GPU
 Fill in from a GPU machine with (writes ``benchmarks/results/ablation-*.json``; refuses in the
 simulator)::
 
-    python -m cnn.stages.s7_cuda_tuned --ablation --model lenet5 --batch-size 64
-    python -m cnn.stages.s7_cuda_tuned --ablation --model alexnet-small --batch-size 128
+    python -m cnn bench --ablation --model lenet5 --batch-size 64
+    python -m cnn bench --ablation --model alexnet-small --batch-size 128
     python -m cnn bench --stages cuda,cuda-fused,cuda-ring,cuda-tuned --model lenet5 --batch-size 64
     python -m cnn bench --stages cuda,cuda-fused,cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 \\
         --data random
@@ -90,12 +90,6 @@ every fix but resident-data and overlap-copies speeds up; those two need the dat
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import sys
-import time
-from pathlib import Path
-
 import numpy as np
 
 from cnn.model import Dense, ReLU
@@ -105,17 +99,16 @@ from cnn.stages.s6_cuda_ring import CudaRingStage
 from kernels import bias_relu, conv_pool_fused, dense_fused
 from kernels.conv_pool_smem import conv_relu_pool_backward_smem, conv_relu_pool_forward_smem, fits
 from kernels.dense_loss import MAX_CLASSES, dense_softmax_xent
-from kernels.device import cuda, simulated
+from kernels.device import cuda
 from kernels.fill import fill
 from kernels.fill_pair import zero_pair
 from kernels.gather import gather_batch
 from kernels.launch_config import LaunchConfig
-from kernels.streams import AllocationCounter, CopyCounter, new_event
+from kernels.streams import new_event
 
 FIXES = ("resident-data", "pinned-buffers", "overlap-copies", "fused-loss", "fewer-launches", "smem-weights",
          "launch-config")
 REQUIRES = {"overlap-copies": ("pinned-buffers",), "launch-config": ("fewer-launches", "smem-weights")}
-LAUNCH_US, ARRAY_ARG_US = 6.6, 3.5        # numba-cuda's launch cost model (NVIDIA/numba-cuda#288)
 
 
 def check_fixes(fixes) -> tuple[str, ...]:
@@ -417,162 +410,5 @@ class CudaTunedStage(CudaRingStage):
         return losses
 
 
-# -- the profile: what a step does besides arithmetic (counts: valid in the simulator too) ----------
-def step_census(stage, run_steps, steps: int = 2) -> dict:
-    """Launches, array arguments, copies and device allocations per step of ``run_steps(n)``.
-
-    After two warm-up steps (compilation, buffers for the batch size, and the second set of input
-    buffers that overlap-copies fills from the second step on).
-    """
-    run_steps(2)
-    stage.synchronize()
-    launches, array_args = stage.launch.count, getattr(stage.launch, "array_args", 0)
-    with CopyCounter() as copies, AllocationCounter() as allocations:
-        run_steps(steps)
-        stage.synchronize()
-    ring_copies = steps if hasattr(stage, "ring") else 0        # one gradient copy a step on the copy stream
-    per_step = {"launches": (stage.launch.count - launches) / steps,
-                "array_args": (getattr(stage.launch, "array_args", 0) - array_args) / steps,
-                "copies_to_device": copies.to_device / steps, "bytes_to_device": copies.bytes_to_device / steps,
-                "copies_to_host": (copies.to_host - ring_copies) / steps,
-                "device_allocations": allocations.count / steps}
-    per_step["modelled_launch_us"] = LAUNCH_US * per_step["launches"] + ARRAY_ARG_US * per_step["array_args"]
-    return per_step
-
-
-def census_runner(stage, images, labels, batch_size, hyper):
-    """``run_steps(n)`` for ``step_census``: train_steps when the stage has the dataset API, else train_step."""
-    if isinstance(stage, CudaTunedStage):
-        stage.load_dataset(images, labels)
-        return lambda n: stage.train_steps(n, batch_size, *hyper)
-
-    def run_steps(n):
-        for step in range(n):
-            chosen = slice((step * batch_size) % (len(images) - batch_size + 1), None)
-            stage.train_step(images[chosen][:batch_size], labels[chosen][:batch_size], *hyper)
-    return run_steps
-
-
-def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 2,
-                 reduced_copy: bool = False) -> str:
-    """The before/after count table of the docstring (cuda-ring against cuda-tuned), as text.
-
-    ``reduced_copy`` counts on the networks' narrow copies (``cnn.model.REDUCED``): the same
-    launches, arguments, copies and allocations — only the bytes shrink — in seconds in the simulator.
-    """
-    from cnn.model import get_network
-
-    rows, hyper = {}, (0.01, 0.9, 0.0)
-    for model in models:
-        net = get_network(model, reduced_copy)
-        rng = np.random.default_rng(0)
-        images = rng.standard_normal((4 * batch_size, *net.input_shape)).astype(np.float32)
-        labels = rng.integers(0, net.num_classes, len(images))
-        for stage_class in (CudaRingStage, CudaTunedStage):
-            stage = stage_class(net).init("he", 0)
-            rows[model, stage_class.name] = step_census(
-                stage, census_runner(stage, images, labels, batch_size, hyper), steps)
-    keys = [("launches", "kernel launches"), ("array_args", "array arguments of those launches"),
-            ("copies_to_device", "host→device copies"), ("bytes_to_device", "  bytes per sample"),
-            ("copies_to_host", "device→host copies (besides the ring)"),
-            ("device_allocations", "device allocations after warm-up"),
-            ("modelled_launch_us", "modelled host launch cost (µs)")]
-    columns = [(model, stage) for model in models for stage in ("cuda-ring", "cuda-tuned")]
-    lines = [f"{'per training step':<40}" + "".join(f"{f'{model} {stage}':>26}" for model, stage in columns)]
-    for key, label in keys:
-        values = [rows[column][key] / (batch_size if key == "bytes_to_device" else 1) for column in columns]
-        lines.append(f"{label:<40}" + "".join(f"{v:>26.1f}" if key == "modelled_launch_us" else f"{v:>26g}"
-                                             for v in values))
-    return "\n".join(lines)
-
-
-# -- the ablation: each fix timed on its own (GPU only) --------------------------------------------
-def ablation_variants() -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
-    """(label, baseline fixes, fixes) rows: cuda-ring; each fix alone (on top of what it needs); cumulative."""
-    rows = [("cuda-ring", (), ())]
-    for fix in FIXES:
-        needs = tuple(f for f in with_requirements(fix) if f != fix)
-        rows.append((f"+ {fix} alone", needs, with_requirements(fix)))
-    for count in range(1, len(FIXES) + 1):
-        baseline = with_requirements(*FIXES[:count - 1]) if count > 1 else ()
-        rows.append((f"cumulative: {' + '.join(FIXES[:count])}", baseline, with_requirements(*FIXES[:count])))
-    return rows
-
-
-def time_variant(net, fixes, images, labels, batch_size, hyper, steps: int, repeats: int = 7, warmup: int = 5) -> dict:
-    """Milliseconds a step of ``train_steps(steps)`` takes (loss fetched every step, as the trainer does).
-
-    Wall-clock time of whole ``train_steps`` calls (the pipelined copies of overlap-copies live
-    inside one call) divided by ``steps``; median and quartiles over ``repeats`` calls.
-    """
-    stage = CudaTunedStage(net, fixes=fixes).init("he", 0)
-    stage.load_dataset(images, labels)
-    stage.train_steps(warmup, batch_size, *hyper)
-    stage.synchronize()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        stage.train_steps(steps, batch_size, *hyper)
-        stage.synchronize()
-        samples.append((time.perf_counter() - started) * 1e3 / steps)
-    return {"median_ms": float(np.median(samples)), "q1_ms": float(np.percentile(samples, 25)),
-            "q3_ms": float(np.percentile(samples, 75)), "steps": steps, "repeats": repeats,
-            "launches_per_step": stage.launches_per_step()}
-
-
-def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, progress=print) -> dict:
-    """Every variant of ``ablation_variants`` timed on the same random dataset (refuses in the simulator)."""
-    from cnn.model import get_network
-
-    if simulated():
-        raise RuntimeError("ablation: the CUDA simulator is on — simulated kernels are Python threads and their "
-                           "timings mean nothing; run on a GPU with NUMBA_ENABLE_CUDASIM unset")
-    net, hyper = get_network(model), (0.01, 0.9, 5e-4)
-    rng = np.random.default_rng(0)
-    images = rng.standard_normal((samples, *net.input_shape)).astype(np.float32)
-    labels = rng.integers(0, net.num_classes, samples)
-    timed, rows = {}, []
-    for label, baseline, fixes in ablation_variants():
-        for variant in (baseline, fixes):
-            if variant not in timed:
-                timed[variant] = time_variant(net, variant, images, labels, batch_size, hyper, steps)
-        row = {"variant": label, "fixes": list(fixes), "baseline_fixes": list(baseline), **timed[fixes],
-               "speedup_vs_baseline": timed[baseline]["median_ms"] / timed[fixes]["median_ms"]}
-        rows.append(row)
-        progress(f"{label:<60} {row['median_ms']:8.3f} ms  ×{row['speedup_vs_baseline']:.2f} vs its baseline")
-    return {"model": model, "batch_size": batch_size, "rows": rows}
-
-
-def main(argv=None) -> int:
-    """``python -m cnn.stages.s7_cuda_tuned --ablation | --census``."""
-    from cnn import bench
-
-    parser = argparse.ArgumentParser(prog="python -m cnn.stages.s7_cuda_tuned",
-                                     description="stage 7: the ablation of its fixes (GPU) or the per-step counts")
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--ablation", action="store_true", help="time cuda-ring and every fix on its own (GPU only)")
-    mode.add_argument("--census", action="store_true", help="launches, copies, allocations per step (simulator too)")
-    parser.add_argument("--reduced", action="store_true",
-                        help="--census on the networks' narrow copies: same counts, smaller bytes, fast in the simulator")
-    parser.add_argument("--model", default="lenet5")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--out", default=str(bench.RESULTS_DIR))
-    args = parser.parse_args(argv)
-    if args.census:
-        print(census_table(reduced_copy=args.reduced))
-        return 0
-    if bench.simulator_on():
-        print(f"s7_cuda_tuned --ablation: {bench.SIMULATOR_REFUSAL}", file=sys.stderr)
-        return 2
-    result = ablation(args.model, args.batch_size, args.steps)
-    machine, created = bench.machine_record(), datetime.datetime.now().isoformat(timespec="seconds")
-    result = {"schema": bench.SCHEMA, "kind": "ablation", "created": created, "command": bench.command_line(),
-              "machine": machine, **result}
-    path = bench.write_json(Path(args.out) / f"{bench.results_stem('ablation', machine, created)}.json", result)
-    print(f"results: {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":      # the census and the ablation are benchmark commands now
+    raise SystemExit("python -m cnn.stages.s7_cuda_tuned: moved to python -m cnn bench --census | --ablation")

@@ -105,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="learning curves from histories written by python -m cnn train")
     mode.add_argument("--demo", action="store_true",
                       help="benchmark, train the fastest stage one epoch, draw every picture (make demo)")
+    mode.add_argument("--census", action="store_true",
+                      help="launches, copies, allocations per step of cuda-ring and cuda-tuned (simulator too)")
+    mode.add_argument("--ablation", action="store_true",
+                      help="time cuda-ring and each fix of cuda-tuned on its own (GPU only)")
+    mode.add_argument("--timeline", action="store_true",
+                      help="how much of cuda-ring's gradient copies hides under compute (GPU only)")
     add("--stages", default=None, help="comma-separated stages (default: all registered)")
     add("--model", choices=list(NETWORKS), default="lenet5")
     add("--batch-size", type=positive_int, default=64)
@@ -124,6 +130,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--readme", default="README.md", help="--update-readme: the file holding the markers")
     add("--no-plots", dest="plots", action="store_false")
     add("--demo-curve-steps", type=count, default=200, help="--demo: steps of each stage's learning curve")
+    add("--reduced", action="store_true",
+        help="--census: on the networks' narrow copies (same counts, smaller bytes; fast in the simulator)")
+    add("--ablation-steps", type=positive_int, default=50, help="--ablation: training steps per timed call")
+    add("--slots", type=positive_int, default=2, help="--timeline: gradient slots in cuda-ring's ring")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         return cmd_compare(args)
     if args.curves:
         return cmd_curves(args)
+    if args.census:
+        from cnn.bench.census import cmd_census
+        return cmd_census(args)
     check_arguments(args)
     if simulator_on():
         raise ValueError(SIMULATOR_REFUSAL)
@@ -145,6 +158,12 @@ def run(args: argparse.Namespace) -> int:
         return cmd_profile(args)
     if args.demo:
         return cmd_demo(args)
+    if args.ablation:
+        from cnn.bench.ablation import cmd_ablation
+        return cmd_ablation(args)
+    if args.timeline:
+        from cnn.bench.timeline import cmd_timeline
+        return cmd_timeline(args)
     return cmd_stages(args)
 
 

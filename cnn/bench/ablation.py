@@ -1,0 +1,93 @@
+"""``python -m cnn bench --ablation``: stage 7's fixes timed one at a time against stage 6 (GPU only).
+
+Rows (``ablation_variants``): ``cuda-ring`` (no fix); each fix alone, on top of the fixes it
+needs, against a baseline of just those; then the fixes added one by one in course order, each
+against the row before. A row's ``speedup_vs_baseline`` is therefore what that one fix bought.
+Every variant trains on the same random dataset through stage 7's dataset API
+(``load_dataset`` / ``train_steps``), so resident data and overlapped copies count too.
+
+Writes ``benchmarks/results/ablation-MACHINE-GPU-DATE.json``: the bench header
+(``"kind": "ablation"``) with ``model``, ``batch_size`` and ``rows``; refuses in Numba's simulator,
+whose kernel times mean nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cnn.model import get_network
+from cnn.stages import get_stage
+from cnn.stages.s7_cuda_tuned import FIXES, CudaTunedStage, with_requirements
+from kernels.device import simulated
+
+
+def ablation_variants() -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """(label, baseline fixes, fixes) rows: cuda-ring; each fix alone (on top of what it needs); cumulative."""
+    rows = [("cuda-ring", (), ())]
+    for fix in FIXES:
+        needs = tuple(f for f in with_requirements(fix) if f != fix)
+        rows.append((f"+ {fix} alone", needs, with_requirements(fix)))
+    for count in range(1, len(FIXES) + 1):
+        baseline = with_requirements(*FIXES[:count - 1]) if count > 1 else ()
+        rows.append((f"cumulative: {' + '.join(FIXES[:count])}", baseline, with_requirements(*FIXES[:count])))
+    return rows
+
+
+def time_variant(net, fixes, images, labels, batch_size, hyper, steps: int, repeats: int = 7, warmup: int = 5) -> dict:
+    """Milliseconds a step of ``train_steps(steps)`` takes (loss fetched every step, as the trainer does).
+
+    Wall-clock time of whole ``train_steps`` calls (the pipelined copies of overlap-copies live
+    inside one call) divided by ``steps``; median and quartiles over ``repeats`` calls.
+    """
+    stage = CudaTunedStage(net, fixes=fixes).init("he", 0)
+    stage.load_dataset(images, labels)
+    stage.train_steps(warmup, batch_size, *hyper)
+    stage.synchronize()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        stage.train_steps(steps, batch_size, *hyper)
+        stage.synchronize()
+        samples.append((time.perf_counter() - started) * 1e3 / steps)
+    return {"median_ms": float(np.median(samples)), "q1_ms": float(np.percentile(samples, 25)),
+            "q3_ms": float(np.percentile(samples, 75)), "steps": steps, "repeats": repeats,
+            "launches_per_step": stage.launches_per_step()}
+
+
+def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, progress=print) -> dict:
+    """Every variant of ``ablation_variants`` timed on the same random dataset (refuses in the simulator)."""
+    if simulated():
+        raise RuntimeError("ablation: the CUDA simulator is on — simulated kernels are Python threads and their "
+                           "timings mean nothing; run on a GPU with NUMBA_ENABLE_CUDASIM unset")
+    net, hyper = get_network(model), (0.01, 0.9, 5e-4)
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((samples, *net.input_shape)).astype(np.float32)
+    labels = rng.integers(0, net.num_classes, samples)
+    timed, rows = {}, []
+    for label, baseline, fixes in ablation_variants():
+        for variant in (baseline, fixes):
+            if variant not in timed:
+                timed[variant] = time_variant(net, variant, images, labels, batch_size, hyper, steps)
+        row = {"variant": label, "fixes": list(fixes), "baseline_fixes": list(baseline), **timed[fixes],
+               "speedup_vs_baseline": timed[baseline]["median_ms"] / timed[fixes]["median_ms"]}
+        rows.append(row)
+        progress(f"{label:<60} {row['median_ms']:8.3f} ms  ×{row['speedup_vs_baseline']:.2f} vs its baseline")
+    return {"model": model, "batch_size": batch_size, "rows": rows}
+
+
+def cmd_ablation(args) -> int:
+    """``--ablation --model M --batch-size B [--ablation-steps N]``: time the variants, write the results file."""
+    from cnn import bench
+
+    get_stage("cuda-tuned")                    # StageUnavailable: one line, why and what to try
+    result = ablation(args.model, args.batch_size, args.ablation_steps)
+    machine, created = bench.machine_record(), datetime.datetime.now().isoformat(timespec="seconds")
+    result = {"schema": bench.SCHEMA, "kind": "ablation", "created": created, "command": bench.command_line(),
+              "machine": machine, **result}
+    path = bench.write_json(Path(args.out) / f"{bench.results_stem('ablation', machine, created)}.json", result)
+    print(f"results: {path}")
+    return 0

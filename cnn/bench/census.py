@@ -1,0 +1,98 @@
+"""``python -m cnn bench --census``: what a training step does besides arithmetic, counted.
+
+Per training step of stage 6 (``cuda-ring``) and stage 7 (``cuda-tuned``): kernel launches, the
+array arguments of those launches, host↔device copies and their bytes, device allocations, and
+the host launch cost those launches and arguments model. Counts do not depend on speed, so they
+are exact in Numba's CUDA simulator too (``--reduced``: the same counts on the networks' narrow
+copies, in seconds). The table this prints is the one in stage 7's docstring
+(``cnn/stages/s7_cuda_tuned.py``), which a test keeps equal to what this code counts.
+
+The modelled cost is a model, not a measurement: 6.6 µs a launch plus 3.5 µs an array argument,
+numba-cuda's own numbers (NVIDIA/numba-cuda#288).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cnn.model import get_network
+from cnn.stages import get_stage
+from cnn.stages.s6_cuda_ring import CudaRingStage
+from cnn.stages.s7_cuda_tuned import CudaTunedStage
+from kernels.streams import AllocationCounter, CopyCounter
+
+LAUNCH_US, ARRAY_ARG_US = 6.6, 3.5        # numba-cuda's launch cost model (NVIDIA/numba-cuda#288)
+ROWS = [("launches", "kernel launches"), ("array_args", "array arguments of those launches"),
+        ("copies_to_device", "host→device copies"), ("bytes_to_device", "  bytes per sample"),
+        ("copies_to_host", "device→host copies (besides the ring)"),
+        ("device_allocations", "device allocations after warm-up"),
+        ("modelled_launch_us", "modelled host launch cost (µs)")]
+
+
+def step_census(stage, run_steps, steps: int = 2) -> dict:
+    """Launches, array arguments, copies and device allocations per step of ``run_steps(n)``.
+
+    After two warm-up steps (compilation, buffers for the batch size, and the second set of input
+    buffers that overlap-copies fills from the second step on).
+    """
+    run_steps(2)
+    stage.synchronize()
+    launches, array_args = stage.launch.count, getattr(stage.launch, "array_args", 0)
+    with CopyCounter() as copies, AllocationCounter() as allocations:
+        run_steps(steps)
+        stage.synchronize()
+    ring_copies = steps if hasattr(stage, "ring") else 0        # one gradient copy a step on the copy stream
+    per_step = {"launches": (stage.launch.count - launches) / steps,
+                "array_args": (getattr(stage.launch, "array_args", 0) - array_args) / steps,
+                "copies_to_device": copies.to_device / steps, "bytes_to_device": copies.bytes_to_device / steps,
+                "copies_to_host": (copies.to_host - ring_copies) / steps,
+                "device_allocations": allocations.count / steps}
+    per_step["modelled_launch_us"] = LAUNCH_US * per_step["launches"] + ARRAY_ARG_US * per_step["array_args"]
+    return per_step
+
+
+def census_runner(stage, images, labels, batch_size, hyper):
+    """``run_steps(n)`` for ``step_census``: train_steps when the stage has the dataset API, else train_step."""
+    if isinstance(stage, CudaTunedStage):
+        stage.load_dataset(images, labels)
+        return lambda n: stage.train_steps(n, batch_size, *hyper)
+
+    def run_steps(n):
+        for step in range(n):
+            chosen = slice((step * batch_size) % (len(images) - batch_size + 1), None)
+            stage.train_step(images[chosen][:batch_size], labels[chosen][:batch_size], *hyper)
+    return run_steps
+
+
+def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 2,
+                 reduced_copy: bool = False) -> str:
+    """The before/after count table of stage 7's docstring (cuda-ring against cuda-tuned), as text.
+
+    ``reduced_copy`` counts on the networks' narrow copies (``cnn.model.REDUCED``): the same
+    launches, arguments, copies and allocations — only the bytes shrink — in seconds in the simulator.
+    """
+    rows, hyper = {}, (0.01, 0.9, 0.0)
+    for model in models:
+        net = get_network(model, reduced_copy)
+        rng = np.random.default_rng(0)
+        images = rng.standard_normal((4 * batch_size, *net.input_shape)).astype(np.float32)
+        labels = rng.integers(0, net.num_classes, len(images))
+        for stage_class in (CudaRingStage, CudaTunedStage):
+            stage = stage_class(net).init("he", 0)
+            rows[model, stage_class.name] = step_census(
+                stage, census_runner(stage, images, labels, batch_size, hyper), steps)
+    columns = [(model, stage) for model in models for stage in ("cuda-ring", "cuda-tuned")]
+    lines = [f"{'per training step':<40}" + "".join(f"{f'{model} {stage}':>26}" for model, stage in columns)]
+    for key, label in ROWS:
+        values = [rows[column][key] / (batch_size if key == "bytes_to_device" else 1) for column in columns]
+        lines.append(f"{label:<40}" + "".join(f"{v:>26.1f}" if key == "modelled_launch_us" else f"{v:>26g}"
+                                             for v in values))
+    return "\n".join(lines)
+
+
+def cmd_census(args) -> int:
+    """``--census [--reduced]``: print the table (the simulator counts as well as a GPU)."""
+    for name in ("cuda-ring", "cuda-tuned"):
+        get_stage(name)                        # StageUnavailable: one line, why and what to try
+    print(census_table(reduced_copy=args.reduced))
+    return 0
