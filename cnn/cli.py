@@ -13,6 +13,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from cnn.argtypes import count, non_negative_float, positive_float, positive_int
 from cnn.model import INIT_SCHEMES, NETWORKS
 from cnn.train import SCHEDULES, TrainConfig
 
@@ -24,22 +25,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
-
-
-def _number(kind, minimum, strict):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
-        if value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {minimum}")
-        return value
-    return parse
-
-
-positive_int, positive_float = _number(int, 0, True), _number(float, 0.0, True)
-count, non_negative_float = _number(int, 0, False), _number(float, 0.0, False)
 
 
 def _stage_choices():
@@ -101,8 +86,8 @@ def build_parser() -> OneLineParser:
 
     commands.add_parser("stages", help="list the stages and whether each can run here")
 
-    from cnn import bench
-    bench.add_arguments(commands.add_parser("bench", help="time every stage, write results and plots"))
+    from cnn.bench.command import add_arguments
+    add_arguments(commands.add_parser("bench", help="time every stage, write results and plots"))
     return parser
 
 
@@ -163,8 +148,8 @@ def cmd_stages(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from cnn import bench
-    return bench.run(args)
+    from cnn.bench.command import run
+    return run(args)
 
 
 COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "data": cmd_data,

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cnn.formatting import PHASE_LABELS, PHASES, compare_label, fmt_factor, fmt_ms
+
 PICTURES_DIR = Path("results")
 PHASE_COLORS = {"load_batch": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
                 "update": "#55a868", "fetch_loss": "#c44e52"}
@@ -77,10 +79,6 @@ def _subtitle(result: dict) -> str:
             f"{machine['cpu']} ({machine['cores']} cores){', ' + gpu['name'] if gpu else ', no GPU'}")
 
 
-def _factor(value: float) -> str:
-    return f"×{value:,.0f}" if value >= 100 else (f"×{value:.1f}" if value >= 10 else f"×{value:.2f}")
-
-
 # == benchmark =================================================================================
 
 def speedup_plot(result, save_to=_DEFAULT):
@@ -96,9 +94,9 @@ def speedup_plot(result, save_to=_DEFAULT):
     for bar, row in zip(bars, rows):
         if row["kind"] == "reference":
             bar.set_hatch("//")
-        note = _factor(row["speedup_vs_first"])
+        note = fmt_factor(row["speedup_vs_first"], times_first=True)
         if row.get("speedup_vs_previous"):
-            note += f"\n({_factor(row['speedup_vs_previous'])} vs previous)"
+            note += f"\n({fmt_factor(row['speedup_vs_previous'], times_first=True)} vs previous)"
         if row.get("limited_by_budget"):
             note += f"\n{row['timed_steps']} steps timed"
         axes.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3),
@@ -116,8 +114,6 @@ def speedup_plot(result, save_to=_DEFAULT):
 
 def breakdown_plot(result, save_to=_DEFAULT):
     """Left: each phase's share of a training step. Right: the step time (median, bar = interquartile range)."""
-    from cnn.bench import PHASE_LABELS, PHASES, fmt_ms
-
     result = load(result)
     rows = _rows(result)[::-1]                       # first stage at the top
     figure = _figure(11, 1.7 + 0.55 * len(rows))
@@ -150,8 +146,6 @@ def breakdown_plot(result, save_to=_DEFAULT):
 
 def compare_plot(results, save_to=_DEFAULT):
     """images/s of every stage (rows) on every machine (one bar colour per results file), log scale."""
-    from cnn.bench import compare_label
-
     results = [load(result) for result in results]
     names = []
     for result in results:

@@ -11,10 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from cnn import bench, cli
+from cnn import cli
+from cnn.bench import demo, measure, ops, profiling, results, step_timing, tables, transfers
+from cnn.bench.readme import README_END, README_START, update_readme
+from cnn.formatting import PHASES
 from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU
 from cnn.stages import get_stage
-from cnn.stages.base import Ops
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -44,15 +46,15 @@ def assert_png(path):
 def tiny_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = bench_args(out)
-    result = bench.benchmark(args, net=tiny_net(), batches=random_batches(tiny_net()), progress=lambda line: None)
-    return result, bench.save_benchmark(result, out)
+    result = step_timing.benchmark(args, net=tiny_net(), batches=random_batches(tiny_net()), progress=lambda line: None)
+    return result, step_timing.save_benchmark(result, out)
 
 
 # -- the results file ------------------------------------------------------------------------------
 
 def test_results_file_structure_and_plots(tiny_result):
     result, path = tiny_result
-    loaded = bench.load_results(path)
+    loaded = results.load_results(path)
     assert loaded == json.loads(json.dumps(result))
     assert path.name.startswith("bench-") and path.name.endswith(f"-cpu-{result['created'][:10]}.json")
     assert {"schema", "kind", "created", "command", "machine", "config", "stages", "references", "skipped",
@@ -61,7 +63,7 @@ def test_results_file_structure_and_plots(tiny_result):
     assert [row["name"] for row in loaded["stages"]] == ["loops", "numpy"]
     assert [row["number"] for row in loaded["stages"]] == [1, 2]
     for row in loaded["stages"]:
-        assert set(row["phases_ms"]) == set(bench.PHASES)
+        assert set(row["phases_ms"]) == set(PHASES)
         assert row["step_ms"]["n"] == row["timed_steps"] >= 2
         assert row["step_ms"]["min"] <= row["step_ms"]["median"] <= row["step_ms"]["max"]
         assert row["images_per_s"] == pytest.approx(4 / (row["step_ms"]["median"] / 1e3))
@@ -87,7 +89,7 @@ def _row(name, median, kind="stage"):
 def test_speedup_arithmetic():
     rows = [_row("a", 1000.0), _row("b", 100.0), _row("c", 25.0)]
     references = [_row("torch-cpu", 50.0, "reference")]
-    bench.add_speedups(rows, references)
+    step_timing.add_speedups(rows, references)
     assert [r["speedup_vs_previous"] for r in rows] == [None, pytest.approx(10.0), pytest.approx(4.0)]
     assert [r["speedup_vs_first"] for r in rows] == [pytest.approx(1.0), pytest.approx(10.0), pytest.approx(40.0)]
     assert [r["ratio_to_reference"]["torch-cpu"] for r in rows] == [pytest.approx(0.05), pytest.approx(0.5),
@@ -98,7 +100,7 @@ def test_speedup_arithmetic():
 def test_markdown_table_lists_every_row_and_skips(tiny_result):
     result = json.loads(json.dumps(tiny_result[0]))
     result["skipped"].append({"name": "cuda", "reason": "needs a CUDA GPU"})
-    table = bench.markdown_table(result)
+    table = tables.markdown_table(result)
     header, separator, *body = table.splitlines()
     assert "loops" in body[0] and "numpy" in body[1]
     assert header.count("|") == separator.count("|") == body[0].count("|")
@@ -119,11 +121,11 @@ class SlowRunner:
 
 def test_slow_stage_is_timed_only_as_budget_allows(tmp_path):
     args = bench_args(tmp_path, "--steps", "20", "--min-steps", "2", "--warmup", "3", "--budget", "0.1")
-    row = bench.time_steps(SlowRunner(), bench.HostClock(), random_batches(tiny_net()), args, (0.1, 0.9, 0.0))
+    row = step_timing.time_steps(SlowRunner(), measure.HostClock(), random_batches(tiny_net()), args, (0.1, 0.9, 0.0))
     assert row["timed_steps"] == 2 and row["limited_by_budget"] and row["warmup_steps"] == 2
-    assert bench.repetitions(9.0, 30, 20, 3) == 3
-    assert bench.repetitions(0.03, 30, 20, 3) == 20
-    assert bench.repetitions(1.0, 5.5, 20, 3) == 5
+    assert measure.repetitions(9.0, 30, 20, 3) == 3
+    assert measure.repetitions(0.03, 30, 20, 3) == 20
+    assert measure.repetitions(1.0, 5.5, 20, 3) == 5
 
 
 # -- README ------------------------------------------------------------------------------------------
@@ -131,30 +133,30 @@ def test_slow_stage_is_timed_only_as_budget_allows(tmp_path):
 def test_readme_table_replaced_between_markers(tiny_result, tmp_path):
     _, path = tiny_result
     readme = tmp_path / "README.md"
-    markers = f"{bench.README_START}\nstale table\n{bench.README_END}"
+    markers = f"{README_START}\nstale table\n{README_END}"
     readme.write_text(f"# Title\n\nprose before\n\n{markers}\n\nprose after\n")
-    bench.update_readme(readme, [path])
+    update_readme(readme, [path])
     text = readme.read_text()
     assert text.startswith("# Title\n\nprose before\n\n") and text.endswith("\n\nprose after\n")
     assert "stale table" not in text and "| 1 " in text and "numpy" in text
-    assert text.count(bench.README_START) == text.count(bench.README_END) == 1
-    bench.update_readme(readme, [path])
+    assert text.count(README_START) == text.count(README_END) == 1
+    update_readme(readme, [path])
     assert readme.read_text() == text        # regenerating is idempotent
 
 
-@pytest.mark.parametrize("body", ["no markers at all\n", f"{bench.README_END}\n{bench.README_START}\n",
-                                  f"{bench.README_START}\n{bench.README_START}\n{bench.README_END}\n"])
+@pytest.mark.parametrize("body", ["no markers at all\n", f"{README_END}\n{README_START}\n",
+                                  f"{README_START}\n{README_START}\n{README_END}\n"])
 def test_readme_without_one_pair_of_markers_is_refused(tiny_result, tmp_path, body):
     readme = tmp_path / "README.md"
     readme.write_text(body)
     with pytest.raises(ValueError, match="README.md"):
-        bench.update_readme(readme, [tiny_result[1]])
+        update_readme(readme, [tiny_result[1]])
     assert readme.read_text() == body
 
 
 def test_update_readme_command_uses_newest_results(tiny_result, tmp_path, capsys):
     readme = tmp_path / "README.md"
-    readme.write_text(f"{bench.README_START}\n{bench.README_END}\n")
+    readme.write_text(f"{README_START}\n{README_END}\n")
     out = tiny_result[1].parent
     assert cli.main(["bench", "--update-readme", "--out", str(out), "--readme", str(readme)]) == 0
     assert tiny_result[1].name in readme.read_text()
@@ -192,21 +194,21 @@ def test_results_file_that_is_not_one_is_named(tmp_path):
     wrong = tmp_path / "other.json"
     wrong.write_text('{"steps": []}')
     with pytest.raises(ValueError, match="other.json"):
-        bench.load_results(wrong)
+        results.load_results(wrong)
 
 
 # -- --op: every stage's version of one operation against stage loops --------------------------------
 
 def _candidates(*names):
-    return [bench.OpCandidate(name, get_stage(name).ops) for name in names]
+    return [ops.OpCandidate(name, get_stage(name).ops) for name in names]
 
 
-@pytest.mark.parametrize("op", bench.OPS)
+@pytest.mark.parametrize("op", ops.OPS)
 def test_numpy_ops_match_the_reference(op):
-    reference = bench.OpCandidate("loops", get_stage("loops").ops)
-    args, _ = bench.op_inputs(op, tiny_net(), 3, np.dtype(np.float32), reference.ops, seed=bench.OPS.index(op))
+    reference = ops.OpCandidate("loops", get_stage("loops").ops)
+    args, _ = ops.op_inputs(op, tiny_net(), 3, np.dtype(np.float32), reference.ops, seed=ops.OPS.index(op))
     assert all(np.abs(a).sum() > 0 for a in args if isinstance(a, np.ndarray) and a.dtype.kind == "f")
-    assert bench.check_op(op, _candidates("numpy"), reference, args, np.float32) == {"numpy": None}
+    assert ops.check_op(op, _candidates("numpy"), reference, args, np.float32) == {"numpy": None}
 
 
 def flipped_conv_forward(x, W, b, stride, pad):
@@ -225,11 +227,11 @@ def shifted_maxpool_forward(x, size, stride):
                                        ("dense-backward", {"dense_backward": lambda dy, x, W: (dy @ W, x.T @ dy,
                                                                                                dy.sum(0))})])
 def test_op_validation_catches_a_wrong_op(op, wrong, tmp_path):
-    reference = bench.OpCandidate("loops", get_stage("loops").ops)
-    broken = bench.OpCandidate("broken", get_stage("numpy").ops._replace(**wrong))
-    args, _ = bench.op_inputs(op, tiny_net(), 3, np.dtype(np.float32), reference.ops)
+    reference = ops.OpCandidate("loops", get_stage("loops").ops)
+    broken = ops.OpCandidate("broken", get_stage("numpy").ops._replace(**wrong))
+    args, _ = ops.op_inputs(op, tiny_net(), 3, np.dtype(np.float32), reference.ops)
     lines = []
-    ok, rows = bench.op_benchmark(op, _candidates("numpy") + [broken], reference, args, np.float32,
+    ok, rows = ops.op_benchmark(op, _candidates("numpy") + [broken], reference, args, np.float32,
                                   bench_args(tmp_path), progress=lines.append)
     assert not ok and rows == []
     assert any(line.strip().startswith("broken") and "MISMATCH" in line for line in lines)
@@ -237,9 +239,9 @@ def test_op_validation_catches_a_wrong_op(op, wrong, tmp_path):
 
 
 def test_op_benchmark_times_matching_stages(tmp_path):
-    reference = bench.OpCandidate("loops", get_stage("loops").ops)
-    args, _ = bench.op_inputs("conv-backward", tiny_net(), 3, np.dtype(np.float32), reference.ops)
-    ok, rows = bench.op_benchmark("conv-backward", _candidates("loops", "numpy"), reference, args, np.float32,
+    reference = ops.OpCandidate("loops", get_stage("loops").ops)
+    args, _ = ops.op_inputs("conv-backward", tiny_net(), 3, np.dtype(np.float32), reference.ops)
+    ok, rows = ops.op_benchmark("conv-backward", _candidates("loops", "numpy"), reference, args, np.float32,
                                   bench_args(tmp_path, "--budget", "0.2"), progress=lambda line: None)
     assert ok and [row["name"] for row in rows] == ["loops", "numpy"]
     assert rows[0]["speedup_vs_reference"] == pytest.approx(1.0) and rows[1]["time_ms"]["n"] >= 2
@@ -249,7 +251,7 @@ def test_op_benchmark_times_matching_stages(tmp_path):
                                                    (np.float64, 1 + 1e-6, False), (np.float64, 1 + 1e-13, True)])
 def test_tolerance_knows_the_precision(dtype, factor, passes):
     expected = np.random.default_rng(3).standard_normal((4, 5)).astype(dtype)
-    verdict = bench.compare_outputs("relu-forward", expected * dtype(factor), expected, dtype)
+    verdict = ops.compare_outputs("relu-forward", expected * dtype(factor), expected, dtype)
     assert (verdict is None) == passes
 
 
@@ -257,8 +259,8 @@ def test_nan_and_wrong_shape_are_mismatches():
     expected = np.random.default_rng(4).standard_normal((2, 3)).astype(np.float32)
     with_nan = expected.copy()
     with_nan[1, 2] = np.nan
-    assert "(1, 2)" in bench.compare_outputs("relu-forward", with_nan, expected, np.float32)
-    assert "shape" in bench.compare_outputs("relu-forward", expected.T, expected, np.float32)
+    assert "(1, 2)" in ops.compare_outputs("relu-forward", with_nan, expected, np.float32)
+    assert "shape" in ops.compare_outputs("relu-forward", expected.T, expected, np.float32)
 
 
 # -- the other modes, CPU side ------------------------------------------------------------------------
@@ -266,24 +268,24 @@ def test_nan_and_wrong_shape_are_mismatches():
 def test_memory_without_gpu_times_host_copies_labelled_as_such(tmp_path):
     from cnn import plots
 
-    curves = bench.host_copy_curves(sizes=(1024, 65536), budget_s=0.05, steps=3)
+    curves = transfers.host_copy_curves(sizes=(1024, 65536), budget_s=0.05, steps=3)
     (name, curve), = curves.items()
     assert "CPU analogue" in name and [point["bytes"] for point in curve] == [1024, 65536]
     assert all(point["gb_per_s"] > 0 and point["latency_ms"]["n"] >= 3 for point in curve)
-    result = {"machine": bench.machine_record(), "curves": curves}
+    result = {"machine": results.machine_record(), "curves": curves}
     plots.transfer_plot(result, save_to=tmp_path / "transfers.png")
     assert_png(tmp_path / "transfers.png")
 
 
 def test_profile_of_a_cpu_stage(tmp_path):
-    report = bench.profile_stage("numpy", tiny_net(), random_batches(tiny_net()), bench_args(tmp_path))
+    report = profiling.profile_stage("numpy", tiny_net(), random_batches(tiny_net()), bench_args(tmp_path))
     assert "host profile" in report and "train_step" in report and "runs on the CPU" in report
 
 
 def test_snapshot_stage_records_predictions_and_passes_everything_else():
     net, batches = tiny_net(), random_batches(tiny_net())
     stage = get_stage("numpy")(net).init("he", 0)
-    watched = bench.SnapshotStage(stage, batches[0][0], at_steps=[2])
+    watched = demo.SnapshotStage(stage, batches[0][0], at_steps=[2])
     watched.snapshot(0)
     for images, labels in batches:
         watched.train_step(images, labels, 0.1, 0.9, 0.0)
@@ -300,7 +302,7 @@ def test_demo_on_random_mnist_shaped_data(tmp_path):
             rng.standard_normal((100, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 100))
     args = bench_args(tmp_path, "--stages", "numpy", "--steps", "2", "--batch-size", "16", "--demo-curve-steps", "4",
                       "--pictures-dir", str(tmp_path / "pictures"))
-    report = bench.demo(args, data=data, progress=lambda line: None)
+    report = demo.demo(args, data=data, progress=lambda line: None)
     assert report["stage"] == "numpy" and 0.0 <= report["final_test_accuracy"] <= 1.0
     for key in ("speedup", "breakdown", "digits", "filters", "epoch_curve", "curves"):
         assert_png(report["paths"][key])
@@ -313,9 +315,9 @@ def test_demo_on_random_mnist_shaped_data(tmp_path):
 @pytest.mark.gpu
 def test_gpu_stage_rows_are_timed_by_cuda_events(tmp_path):
     args = bench_args(tmp_path, "--stages", "numpy,cuda", "--reference", "auto")
-    result = bench.benchmark(args, net=tiny_net(), batches=random_batches(tiny_net()), progress=lambda line: None)
+    result = step_timing.benchmark(args, net=tiny_net(), batches=random_batches(tiny_net()), progress=lambda line: None)
     row = next(row for row in result["stages"] if row["name"] == "cuda")
-    assert row["clock"] == "cuda-events" and set(row["host_phases_ms"]) == set(bench.PHASES)
+    assert row["clock"] == "cuda-events" and set(row["host_phases_ms"]) == set(PHASES)
     assert row["launches_per_step"] > 0 and row["device_bytes"] is not None
     assert result["machine"]["gpu"]["name"]
     assert [ref["name"] for ref in result["references"]] == ["torch-cpu", "torch-cuda"]
@@ -323,8 +325,8 @@ def test_gpu_stage_rows_are_timed_by_cuda_events(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_transfer_curves_and_kernel_profile(tmp_path):
-    curves = bench.device_copy_curves(sizes=(4096, 1 << 20), budget_s=0.05, steps=3)
+    curves = transfers.device_copy_curves(sizes=(4096, 1 << 20), budget_s=0.05, steps=3)
     assert set(curves) == {"H→D pageable", "H→D pinned", "D→H pageable", "D→H pinned"}
     assert all(point["gb_per_s"] > 0 for curve in curves.values() for point in curve)
-    report = bench.profile_stage("cuda", tiny_net(), random_batches(tiny_net()), bench_args(tmp_path))
+    report = profiling.profile_stage("cuda", tiny_net(), random_batches(tiny_net()), bench_args(tmp_path))
     assert "per-kernel device times (CUDA events" in report

@@ -13,12 +13,11 @@ whose kernel times mean nothing.
 
 from __future__ import annotations
 
-import datetime
 import time
-from pathlib import Path
 
 import numpy as np
 
+from cnn.bench.results import results_header, write_results
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.s7_cuda_tuned import FIXES, CudaTunedStage, with_requirements
@@ -81,13 +80,8 @@ def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, 
 
 def cmd_ablation(args) -> int:
     """``--ablation --model M --batch-size B [--ablation-steps N]``: time the variants, write the results file."""
-    from cnn import bench
-
     get_stage("cuda-tuned")                    # StageUnavailable: one line, why and what to try
     result = ablation(args.model, args.batch_size, args.ablation_steps)
-    machine, created = bench.machine_record(), datetime.datetime.now().isoformat(timespec="seconds")
-    result = {"schema": bench.SCHEMA, "kind": "ablation", "created": created, "command": bench.command_line(),
-              "machine": machine, **result}
-    path = bench.write_json(Path(args.out) / f"{bench.results_stem('ablation', machine, created)}.json", result)
+    path = write_results(args.out, "ablation", {**results_header("ablation"), **result})
     print(f"results: {path}")
     return 0

@@ -15,9 +15,9 @@ time, so it refuses to run there.
 from __future__ import annotations
 
 import argparse
-import datetime
-from pathlib import Path
 
+from cnn.bench.results import results_header, write_results
+from cnn.bench.workload import benchmark_batches, course_hyperparameters
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.s6_cuda_ring import CudaRingStage
@@ -71,20 +71,15 @@ def ring_timeline(stage: CudaRingStage, batches, hyper, steps: int = 20, warmup:
 
 def cmd_timeline(args) -> int:
     """``--timeline --model M --batch-size B --slots K --steps N``: random float32 batches, seed 0."""
-    from cnn import bench
-
     get_stage("cuda-ring")                     # StageUnavailable: one line, why and what to try
     net = get_network(args.model)
     data = argparse.Namespace(batch_size=args.batch_size, dtype="float32", data="random", seed=0, model=args.model)
-    batches, _ = bench.benchmark_batches(net, data)
+    batches, _ = benchmark_batches(net, data)
     stage = CudaRingStage(net, slots=args.slots, timing=True).init("he", 0)
-    timeline = ring_timeline(stage, batches, bench.course_hyperparameters(), args.steps)
-    machine, created = bench.machine_record(), datetime.datetime.now().isoformat(timespec="seconds")
+    timeline = ring_timeline(stage, batches, course_hyperparameters(), args.steps)
     config = {"timeline": True, "model": args.model, "batch_size": args.batch_size, "slots": args.slots,
               "steps": args.steps, "out": args.out}
-    result = {"schema": bench.SCHEMA, "kind": "ring-timeline", "created": created, "command": bench.command_line(),
-              "machine": machine, "config": config, **timeline}
-    path = bench.write_json(Path(args.out) / f"{bench.results_stem('ring-timeline', machine, created)}.json", result)
+    path = write_results(args.out, "ring-timeline", {**results_header("ring-timeline"), "config": config, **timeline})
     print(f"gradient copies: {timeline['copy_ms_total']:.3f} ms over {args.steps} steps, "
           f"{timeline['overlap_ms_total']:.3f} ms of it under compute ({timeline['overlap_fraction'] or 0:.0%}); "
           f"results: {path}")

@@ -1,0 +1,94 @@
+"""The results of a stage benchmark as Markdown: the table, the notes a reader needs under it, machines side by side."""
+
+from __future__ import annotations
+
+from cnn.formatting import PHASE_LABELS, PHASES, compare_label, fmt_factor, fmt_mib, fmt_ms, spread
+
+
+def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the results table (stages, then references)."""
+    rows, refs = result["stages"], result["references"]
+    first = rows[0]["name"] if rows else "first"
+    device_memory = any(row.get("device_bytes") is not None for row in rows + refs)
+    header = ["#", "stage", "step ms (median, IQR/2)", *(PHASE_LABELS[p] for p in PHASES), "images/s",
+              "× previous", f"× {first}", *(f"× {ref['name']}" for ref in refs), "launches/step",
+              "peak RSS MiB", *(["device MiB"] if device_memory else []), "timed steps"]
+    cells = []
+    for row in rows + refs:
+        cells.append([
+            str(row["number"]) if row.get("number") else "ref",
+            row["name"] if row["kind"] == "stage" else f"{row['name']} (reference)",
+            f"{fmt_ms(row['step_ms']['median'])} {spread(row['step_ms'])}",
+            *(fmt_ms(row["phases_ms"][phase]["median"]) for phase in PHASES),
+            f"{row['images_per_s']:,.0f}" if row["images_per_s"] >= 10 else f"{row['images_per_s']:.2f}",
+            fmt_factor(row.get("speedup_vs_previous")), fmt_factor(row.get("speedup_vs_first")),
+            *(fmt_factor(row["ratio_to_reference"].get(ref["name"])) for ref in refs),
+            "—" if row.get("launches_per_step") is None else str(row["launches_per_step"]),
+            fmt_mib(row.get("peak_host_rss_bytes")),
+            *([fmt_mib(row.get("device_bytes"))] if device_memory else []),
+            f"{row['timed_steps']}" + ("*" if row["limited_by_budget"] else "")])
+    return header, cells
+
+
+def machine_line(result: dict) -> str:
+    machine, config = result["machine"], result["config"]
+    gpu = machine.get("gpu")
+    packages = ", ".join(f"{name} {version}" for name, version in machine.get("packages", {}).items())
+    return (f"{machine['cpu']} ({machine['cores']} cores), GPU: {gpu['name'] if gpu else 'none'}; "
+            f"{config['model']}, batch {config['batch_size']}, {config['dtype']}, "
+            f"data: {config['data'].split(' (')[0]}; "
+            f"{result['created'][:10]}; {packages}")
+
+
+def markdown_table(result: dict) -> str:
+    """The results table in Markdown, with the notes a reader needs under it."""
+    header, cells = table_rows(result)
+    widths = [max(len(line[i]) for line in [header] + cells) for i in range(len(header))]
+    lines = ["| " + " | ".join(text.ljust(width) for text, width in zip(line, widths)) + " |"
+             for line in [header] + cells]
+    lines.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
+    return "\n".join(lines + [""] + [f"- {note}" for note in table_notes(result)])
+
+
+def table_notes(result: dict) -> list[str]:
+    config = result["config"]
+    notes = [f"Measured on {machine_line(result)}.",
+             f"Times per training step in ms (median of the timed steps; CUDA stages by CUDA events, CPU stages "
+             f"by perf_counter, with synchronize() around every phase). × columns: how many times faster than "
+             f"that row (above 1 = faster). Peak RSS: the process's resident-memory high-water mark while the "
+             f"stage ran (interpreter, libraries and data included). Command: `{result['command']}`."]
+    load, cores = result["machine"].get("load_average"), result["machine"].get("cores") or 1
+    if load and load[0] > 0.5 * cores:
+        notes.append(f"The machine was busy with other work (load average {load[0]:.1f} on {cores} cores at the "
+                     f"start): these times are inflated.")
+    for row in result["stages"] + result["references"]:
+        if row["limited_by_budget"]:
+            notes.append(f"\\* {row['name']}: only {row['timed_steps']} of {row['requested_steps']} steps timed "
+                         f"({row['warmup_steps']} warm-up): a step takes {fmt_ms(row['step_ms']['median'])} ms, "
+                         f"and the budget is {config['budget_s']:g} s per stage.")
+        if row["first_step_ms"] > 10 * row["step_ms"]["median"] + 100:
+            notes.append(f"{row['name']}: the first (untimed) step took {row['first_step_ms'] / 1e3:,.1f} s "
+                         f"(JIT compilation, allocations).")
+    for entry in result["skipped"]:
+        notes.append(f"Skipped {entry['name']}: {entry['reason']}")
+    for entry in result["failed"]:
+        notes.append(f"FAILED {entry['name']}: {entry['reason']}")
+    return notes
+
+
+def compare_table(results: list[dict]) -> str:
+    """images/s of every stage (rows) on every machine (columns)."""
+    names = []
+    for result in results:
+        for row in result["stages"] + result["references"]:
+            if row["name"] not in names:
+                names.append(row["name"])
+    header = ["stage", *(f"images/s, {compare_label(r)}" for r in results)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        cells = []
+        for result in results:
+            row = next((r for r in result["stages"] + result["references"] if r["name"] == name), None)
+            cells.append("—" if row is None else f"{row['images_per_s']:,.1f}")
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines)
