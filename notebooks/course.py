@@ -91,7 +91,7 @@ def recorded_results(on_gpu: bool | None = None) -> list[dict]:
 
     ``on_gpu``: True keeps results measured with a GPU, False those without, None all of them.
     """
-    from cnn.bench import load_results, newest_results
+    from cnn.bench.results import load_results, newest_results
 
     results = [load_results(path) for path in newest_results(BENCH_RESULTS)]
     return [result for result in results if on_gpu is None or bool(result["machine"].get("gpu")) == on_gpu]
@@ -108,7 +108,7 @@ def recorded_parallel(*strategies) -> list[dict]:
 
 def median_ms(call, repeats: int = 5, synchronize=lambda: None) -> float:
     """Median milliseconds of ``call()`` over ``repeats`` runs after one untimed warm-up run."""
-    from cnn.bench import HostClock, summarize
+    from cnn.bench.measure import HostClock, summarize
 
     clock = HostClock(synchronize)
     call()

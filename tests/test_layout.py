@@ -117,6 +117,35 @@ def test_no_import_cycles_in_cnn_and_kernels():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def _imports_numba_cuda(path: Path) -> bool:
+    """Does the file import Numba's CUDA target (``numba.cuda``, ``from numba import cuda``, numba_cuda)?"""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        if any(name == "numba.cuda" or name.startswith(("numba.cuda.", "numba_cuda")) for name in names):
+            return True
+    return False
+
+
+def test_stage_3_kernels_never_reach_numba_cuda():
+    """kernels/cpu/ and stage 3 itself import no CUDA: a CPU-only install (no numba-cuda) trains numba-cpu."""
+    modules, graph = module_files(), import_graph()
+    reached, todo = set(), [name for name in modules if name.startswith("kernels.cpu")]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += graph[name]
+    assert "kernels.device" not in reached
+    offenders = [name for name in sorted(reached | {"cnn.stages.s3_numba_cpu"}) if _imports_numba_cuda(modules[name])]
+    assert offenders == [], f"these import numba.cuda: {offenders}"
+    assert _imports_numba_cuda(modules["kernels.device"])          # the check itself can see one
+
+
 def test_the_graph_sees_every_kind_of_import(tmp_path):
     """Module-level and function-level, absolute and relative, a package's __init__ on the way."""
     files = {"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n",

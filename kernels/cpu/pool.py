@@ -1,0 +1,83 @@
+"""Max-pooling on the CPU, compiled: one plane pooled (with bias and ReLU folded in), its backward, and the standalone kernels.
+
+``pool_plane`` and ``unpool_plane`` are what the fused conv kernels (``conv_pool.py``) pool and
+unpool with; ``maxpool_kernel`` and ``maxpool_backward_kernel`` run them over every plane for a
+max-pool that is not fused into a convolution.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+
+@njit(cache=True)
+def pool_plane(z, row_step, col_step, plane_width, bias, relu, size, stride, out, switch):
+    """Max-pool one plane into ``out``, adding ``bias`` and, if ``relu``, ReLU. Element (h, w) of
+    the plane is z[h·row_step + w·col_step] (a conv of stride s reads every s-th stride-1 output).
+
+    out[i, j]    = max_{h,w in window (i, j)} plane[h, w] + bias        (then max(·, 0) if relu)
+    switch[i, j] = h·plane_width + w of the first maximum (the tie rule of np.argmax)
+
+    max(z) + b = max(z + b) and ReLU(max) = max(ReLU): the order of the three does not matter.
+    """
+    Hq, Wq = out.shape
+    for i in range(Hq):
+        for j in range(Wq):
+            top, left = i * stride, j * stride
+            best, winner = z[top * row_step + left * col_step], top * plane_width + left
+            for h in range(top, top + size):
+                for w in range(left, left + size):
+                    value = z[h * row_step + w * col_step]
+                    greater = value > best          # written as selects, not a branch: random data
+                    best = value if greater else best       # would mispredict half the time
+                    winner = h * plane_width + w if greater else winner
+            best += bias
+            out[i, j] = best if best > 0 or not relu else 0
+            switch[i, j] = winner
+
+
+@njit(cache=True)
+def unpool_plane(dout, out, switch, relu, pooled, plane_width, row_step, col_step, dz):
+    """Add into dz the gradient arriving at a plane before ReLU and pooling (element (h, w) of the
+    plane is dz[h·row_step + w·col_step]); return its sum, the bias gradient of a conv's plane.
+
+    pooled:   plane[switch[i, j]] += dout[i, j]   (a pixel winning overlapping windows gets each one's share)
+    else:     plane[i, j] += dout[i, j]
+    relu:     only where the output was positive (out > 0).
+    """
+    total = dz.dtype.type(0)
+    Hq, Wq = dout.shape
+    for i in range(Hq):
+        for j in range(Wq):
+            if relu and not out[i, j] > 0:
+                continue
+            h, w = i, j
+            if pooled:
+                h, w = switch[i, j] // plane_width, switch[i, j] % plane_width
+            dz[h * row_step + w * col_step] += dout[i, j]
+            total += dout[i, j]
+    return total
+
+
+@njit(cache=True)
+def maxpool_kernel(x, size, stride, out, switch):
+    """Max-pool every (sample, channel) plane (used only where a pool is not fused into a conv).
+
+    One thread: the pass is memory-bound and cheap next to a convolution, and a parallel
+    kernel costs seconds more to compile.
+    """
+    N, C, H, W = x.shape
+    for item in range(N * C):
+        n, c = item // C, item % C
+        pool_plane(x[n, c].reshape(H * W), W, 1, W, x.dtype.type(0), False, size, stride, out[n, c], switch[n, c])
+
+
+@njit(cache=True)
+def maxpool_backward_kernel(dout, switch, dx):
+    """dx[n, c, switch] += dout, plane by plane (one thread, as ``maxpool_kernel``)."""
+    N, C, H, W = dx.shape
+    for item in range(N * C):
+        n, c = item // C, item % C
+        plane = dx[n, c].reshape(H * W)
+        plane[:] = 0
+        unpool_plane(dout[n, c], dout[n, c], switch[n, c], False, True, W, W, 1, plane)
