@@ -40,7 +40,7 @@ def measure(ranks: int, repeats: int) -> dict:
     mpiexec = find_mpiexec()
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "costmodel.json"
-        argv = [mpiexec, *launcher_flags(mpiexec, fault_tolerant=False), "-n", str(ranks), sys.executable,
+        argv = [mpiexec, *launcher_flags(mpiexec, ranks, fault_tolerant=False), "-n", str(ranks), sys.executable,
                 "-m", "mpi4py", "-m", "cnn.parallel.costmodel", "--out", str(out), "--repeats", str(repeats)]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=environment())
         if done.returncode:

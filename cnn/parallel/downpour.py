@@ -18,6 +18,14 @@ The gradient a replica pushes was computed on weights fetched some updates ago: 
 the number of updates the server applied in between, is recorded for every push and reported
 (mean, max, histogram). A replica that falls silent for ``--peer-timeout`` seconds is declared lost;
 the server carries on with the others and the report names the lost rank.
+
+Checkpoints (by the server, every ``--checkpoint-every`` updates, else once per epoch's worth of
+updates, and at the end) hold the server's θ and v, the updates applied, the staleness values and
+each replica's *next step*: the one after its last push. That is a consistent cut — the server's
+state contains exactly the pushes before those steps — so ``--resume`` restarts every replica
+there, from the server's weights (as after a fetch; its local momentum, which only steps its local
+copy between fetches, restarts from zero). A replica lost before the end keeps its position, so
+resuming the finished run does that replica's remaining steps.
 """
 
 from __future__ import annotations
@@ -57,12 +65,22 @@ def serve(run: Run, stage, params: np.ndarray) -> dict:
     run.state = opt
     size = run.net.num_params
     replicas = list(range(1, world.size))
+    version, staleness, next_step = 0, [], {r: 0 for r in replicas}
+    resumed = run.resume()
+    if resumed:
+        run.broadcast_saved(resumed, "params", opt.params)
+        opt.velocity[...] = resumed.saved.momentum
+        version, staleness = resumed.state["updates"], list(resumed.state["staleness"])
+        next_step = {int(r): step for r, step in resumed.state["next_step"].items()}
+
+    def save() -> None:
+        run.save(min(next_step.values()), state={"updates": version, "staleness": staleness, "next_step": next_step})
+
     inbox = {r: Packet(size, run.dtype) for r in replicas}
     outbox = {r: Packet(size, run.dtype) for r in replicas}
     sends = {r: MPI.REQUEST_NULL for r in replicas}
     requests = [comm.Irecv(inbox[r].buffer, source=r, tag=TAG_TO_SERVER) for r in replicas]
     active, last_heard = set(replicas), {r: time.monotonic() for r in replicas}
-    version, staleness = 0, []
     updates_per_epoch = max(1, run.steps_per_epoch * run.workers // run.options.n_push)
     while active:
         with timer.phase("waiting"):
@@ -79,7 +97,11 @@ def serve(run: Run, stage, params: np.ndarray) -> dict:
             with timer.phase(UPDATE):
                 opt.step(inbox[replica].payload, lr)
             version += 1
+            next_step[replica] = int(header[STEP]) + 1
             run.end_step(version - 1, float(header[LOSS]), lr, total=updates_per_epoch * run.config.epochs)
+            if run.checkpoint_due(version, updates_per_epoch):
+                save()
+            world.maybe_die(version)
         if flags & FETCH_WEIGHTS:
             with timer.phase(DISTRIBUTE):
                 world.wait([sends[replica]], "receipt of the previous weights", peers=[replica])
@@ -93,6 +115,7 @@ def serve(run: Run, stage, params: np.ndarray) -> dict:
             requests[index] = comm.Irecv(inbox[replica].buffer, source=replica, tag=TAG_TO_SERVER)
     run.training_done()
     run.evaluate_final(stage, opt.params, f"server, after {version} updates", version)
+    save()
     return {"extra": {"updates": version, "staleness": staleness_stats(staleness)}}
 
 
@@ -116,13 +139,18 @@ def _drop_silent(run: Run, active: set, last_heard: dict, requests: list, replic
 def replicate(run: Run, stage, params: np.ndarray) -> dict:
     world, timer, comm, options = run.world, run.timer, run.world.comm, run.options
     local = HostSGD(params, run.config)
-    run.state = local
+    run.rescue_note = "the server, rank 0, held it"
     size = run.net.num_params
     outgoing, reply = Packet(size, run.dtype), Packet(size, run.dtype)
-    send, version, pushed = MPI.REQUEST_NULL, 0, 0
+    send, version, pushed, start = MPI.REQUEST_NULL, 0, 0, 0
+    resumed = run.resume()
+    if resumed:                       # continue from the server's weights, at this replica's next step
+        run.broadcast_saved(resumed, "params", local.params)
+        version, start = resumed.state["updates"], resumed.state["next_step"][str(world.rank)]
+        stage.set_params(local.params)
     accumulated = np.zeros(size, run.dtype)
     worker = world.rank - 1
-    for step in range(run.total_steps):
+    for step in range(start, run.total_steps):
         world.maybe_die(step)
         lr = run.lr(step)
         with timer.phase(COMPUTE):
@@ -151,6 +179,9 @@ def replicate(run: Run, stage, params: np.ndarray) -> dict:
         stage.set_params(local.params)
         run.completed_steps = step + 1
         run.end_step(step, loss, lr)
+    if start >= run.total_steps:      # resumed with nothing left to do: say so
+        outgoing.header[:4] = DONE, version, start, 0.0
+        send = comm.Isend(outgoing.header_only(), dest=0, tag=TAG_TO_SERVER)
     with timer.phase(FETCH):
         world.wait([send], "receipt of the last push", peers=[0])
     run.training_done()

@@ -18,7 +18,12 @@ pulls both together (α = η·ρ; the default ρ makes P_workers·α = 0.9, the 
   that worker's term alone. A worker waits only for its own turn, never for all the others.
 
 Workers send W^i_t while they compute the gradient (the exchange overlaps the computation). The
-model that is evaluated and checkpointed is the center W̄.
+model that is evaluated is the center W̄.
+
+Checkpoints: at the start of every ``--checkpoint-every``-th step (else of every epoch) and at the
+end, each worker sends its W^i and momentum v^i to the master, which saves them with the center W̄
+as it stands before that step's exchange. Everything the next step reads is then on disk, so
+``--resume`` continues exactly as if the run had not stopped (the tests check it).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from cnn.parallel.common import HostSGD, Run
 from cnn.parallel.timing import COMPUTE, DISTRIBUTE, FETCH, UPDATE
 from cnn.stages.base import sgd_momentum_update
 
-TAG_WORKER, TAG_CENTER = 30, 31
+TAG_WORKER, TAG_CENTER, TAG_STATE = 30, 31, 32
 MODES = ("sync", "async")
 
 
@@ -44,8 +49,14 @@ def elastic_rate(run: Run) -> float:
     return run.options.rho if run.options.rho is not None else 0.9 / (run.workers * run.config.lr)
 
 
-def exchange_steps(run: Run) -> list[int]:
-    return list(range(0, run.total_steps, run.options.tau))
+def exchange_steps(run: Run, start: int = 0) -> list[int]:
+    return [step for step in range(start, run.total_steps) if step % run.options.tau == 0]
+
+
+def checkpoint_steps(run: Run, start: int) -> set[int]:
+    """Steps at whose start the workers' states are saved: every --checkpoint-every steps (else
+    every epoch) after ``start``, and the end."""
+    return {step for step in range(start + 1, run.total_steps) if run.checkpoint_due(step)} | {run.total_steps}
 
 
 def train(run: Run) -> dict:
@@ -54,21 +65,61 @@ def train(run: Run) -> dict:
                  f"exchange every τ = {run.options.tau} step(s)")
     stage = run.make_stage()
     params = run.initial_params(stage)
+    workers = list(range(1, run.world.size))
+    resumed = run.resume()
+    start = resumed.step if resumed else 0
     if run.rank != 0:
-        return work(run, stage, params, rho)
-    center = master_sync(run, params, rho) if run.options.easgd_mode == "sync" else master_round_robin(run, params, rho)
+        local = HostSGD(params, run.config)
+        if resumed:
+            run.scatter_rows(resumed, "params", local.params, workers)
+            run.scatter_rows(resumed, "momentum", local.velocity, workers)
+        return work(run, stage, local, rho, start)
+    if resumed:
+        params[...] = resumed.saved.params
+        run.scatter_rows(resumed, "params", None, workers)
+        run.scatter_rows(resumed, "momentum", None, workers)
+    master = master_sync if run.options.easgd_mode == "sync" else master_round_robin
+    center = master(run, params, rho, start)
     run.training_done()
-    run.evaluate_final(stage, center, "master, the center", run.total_steps)
+    rows = worker_states(run, workers)
+    run.evaluate_final(stage, center.params, "master, the center", run.total_steps)
+    run.save(run.total_steps, model=center, rows=rows)
     return {"extra": {"rho": rho, "tau": run.options.tau, "mode": run.options.easgd_mode}}
 
 
-def master_sync(run: Run, params: np.ndarray, rho: float) -> np.ndarray:
+def worker_states(run: Run, workers: list[int]) -> dict[str, np.ndarray]:
+    """The master: every worker's W^i and v^i, one row per worker (what ``send_state`` sends)."""
+    world, size = run.world, run.net.num_params
+    states = np.empty((len(workers), 2 * size), run.dtype)
+    world.wait([world.comm.Irecv(states[i], source=w, tag=TAG_STATE) for i, w in enumerate(workers)],
+               "worker state for the checkpoint", peers=workers)
+    return {"params": states[:, :size], "momentum": states[:, size:]}
+
+
+def save_with_workers(run: Run, center: HostSGD, step: int, workers: list[int]) -> None:
+    """The master, at the start of ``step``: save W̄ with every worker's W^i and v^i."""
+    run.save(step, model=center, rows=worker_states(run, workers))
+
+
+def send_state(run: Run, local: HostSGD) -> None:
+    """A worker: its [W^i | v^i] to the master, for the checkpoint."""
+    state = np.concatenate([local.params, local.velocity])
+    run.world.wait([run.world.comm.Isend(state, dest=0, tag=TAG_STATE)], "receipt of the worker state", peers=[0])
+
+
+def master_sync(run: Run, params: np.ndarray, rho: float, start: int) -> HostSGD:
     """Every exchange step: send W̄_t to all workers, receive every W^i_t, apply (2) with the sum."""
     world, timer, comm = run.world, run.timer, run.world.comm
     workers = list(range(1, world.size))
-    run.state = center = HostSGD(params, run.config)
+    center = HostSGD(params, run.config)
+    run.rescue_note = "the master holds the center, not the workers' own weights"
     inbox = np.empty((len(workers), len(params)), run.dtype)
-    for step in exchange_steps(run):
+    saves = checkpoint_steps(run, start) - {run.total_steps}
+    for step in range(start, run.total_steps):
+        if step in saves:
+            save_with_workers(run, center, step, workers)
+        if step % run.options.tau:
+            continue
         lr = run.lr(step)
         with timer.phase(DISTRIBUTE, label="send center"):
             sends = [comm.Isend(center.params, dest=w, tag=TAG_CENTER) for w in workers]
@@ -80,37 +131,51 @@ def master_sync(run: Run, params: np.ndarray, rho: float) -> np.ndarray:
             center.params += lr * rho * (inbox.sum(axis=0) - len(workers) * center.params)
         run.completed_steps = step + 1
         run.end_step(step, None, lr)
-    return center.params
+    return center
 
 
-def master_round_robin(run: Run, params: np.ndarray, rho: float) -> np.ndarray:
+def master_round_robin(run: Run, params: np.ndarray, rho: float, start: int) -> HostSGD:
     """Serve worker j = t mod P_workers: receive W^j_t, send W̄_t back, apply (2) with j's term."""
     world, timer, comm = run.world, run.timer, run.world.comm
     workers = list(range(1, world.size))
-    run.state = center = HostSGD(params, run.config)
+    center = HostSGD(params, run.config)
+    run.rescue_note = "the master holds the center, not the workers' own weights"
     incoming, outgoing = np.empty_like(params), np.empty_like(params)
-    turns = [(step, worker) for step in exchange_steps(run) for worker in workers]
-    for turn, (step, worker) in enumerate(turns):
+    saves = checkpoint_steps(run, start) - {run.total_steps}
+    total_turns = len(exchange_steps(run)) * len(workers)
+    turn = (len(exchange_steps(run)) - len(exchange_steps(run, start))) * len(workers)
+    for step in range(start, run.total_steps):
+        if step in saves:
+            save_with_workers(run, center, step, workers)
+        if step % run.options.tau:
+            continue
         lr = run.lr(step)
-        with timer.phase(FETCH, label=f"receive W from rank {worker}"):
-            world.wait([comm.Irecv(incoming, source=worker, tag=TAG_WORKER)], "worker weights", peers=[worker])
-        with timer.phase(DISTRIBUTE, label=f"send center to rank {worker}"):
-            outgoing[...] = center.params
-            world.wait([comm.Isend(outgoing, dest=worker, tag=TAG_CENTER)], "receipt of the center", peers=[worker])
-        with timer.phase(UPDATE, label="elastic update of the center (2)"):
-            center.params += lr * rho * (incoming - center.params)
-        run.completed_steps = step + 1
-        run.end_step(turn, None, lr, total=len(turns))
-    return center.params
+        for worker in workers:
+            with timer.phase(FETCH, label=f"receive W from rank {worker}"):
+                world.wait([comm.Irecv(incoming, source=worker, tag=TAG_WORKER)], "worker weights", peers=[worker])
+            with timer.phase(DISTRIBUTE, label=f"send center to rank {worker}"):
+                outgoing[...] = center.params
+                world.wait([comm.Isend(outgoing, dest=worker, tag=TAG_CENTER)], "receipt of the center",
+                           peers=[worker])
+            with timer.phase(UPDATE, label="elastic update of the center (2)"):
+                center.params += lr * rho * (incoming - center.params)
+            run.completed_steps = step + 1
+            run.end_step(turn, None, lr, total=total_turns)
+            turn += 1
+    return center
 
 
-def work(run: Run, stage, params: np.ndarray, rho: float) -> dict:
+def work(run: Run, stage, local: HostSGD, rho: float, start: int) -> dict:
     """Local SGD steps; at exchange steps send W^i_t, receive W̄_t and apply (1)."""
     world, timer, comm, config = run.world, run.timer, run.world.comm, run.config
-    run.state = local = HostSGD(params, config)
-    mine, center = np.empty_like(params), np.empty_like(params)
+    run.rescue_note = "the master, rank 0, held the center"
+    mine, center = np.empty_like(local.params), np.empty_like(local.params)
     worker = world.rank - 1
-    for step in range(run.total_steps):
+    saves = checkpoint_steps(run, start)
+    stage.set_params(local.params)
+    for step in range(start, run.total_steps):
+        if step in saves:
+            send_state(run, local)
         world.maybe_die(step)
         lr = run.lr(step)
         exchange = step % run.options.tau == 0
@@ -131,4 +196,5 @@ def work(run: Run, stage, params: np.ndarray, rho: float) -> dict:
         run.completed_steps = step + 1
         run.end_step(step, loss, lr)
     run.training_done()
+    send_state(run, local)
     return {}

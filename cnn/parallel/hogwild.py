@@ -18,6 +18,11 @@ counting needs no lock either.
 On cache-coherent hardware plain loads and stores are seen by the other processes; MPI's
 ``Win.Sync`` would make that portable. Shared memory exists within one node only, so every rank
 must be on the same node.
+
+A checkpoint (every ``--checkpoint-every`` steps, else every epoch, and at the end) is the one
+moment the processes wait for each other: all stop at the same step, rank 0 saves the shared
+weights with every process's momentum, update count and staleness values, and all go on.
+``--resume`` restores exactly that.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def shared_array(node, length: int, dtype) -> tuple[MPI.Win, np.ndarray]:
 
 
 class SharedWeights:
-    """What a checkpoint saves: a copy of the shared weights (each process keeps its own momentum)."""
+    """What a checkpoint saves as the model: a copy of the shared weights (the momenta are saved per process)."""
 
     def __init__(self, shared: np.ndarray):
         self.shared = shared
@@ -54,6 +59,21 @@ class SharedWeights:
 
     def get_momentum(self):
         return np.zeros_like(self.shared)
+
+
+def save_together(run: Run, step: int, shared: np.ndarray, velocity: np.ndarray, staleness: list[int],
+                  updates: np.ndarray) -> dict | None:
+    """Every process stops at ``step``; rank 0 saves the shared weights with each process's
+    momentum, update count and staleness values (and returns the staleness values of all)."""
+    world = run.world
+    world.wait([world.comm.Ibarrier()], f"checkpoint barrier at step {step}")
+    everyone = world.gather_objects((velocity, staleness), patience=1.0)
+    if world.rank == 0:
+        ranks = range(world.size)
+        run.save(step, model=SharedWeights(shared), rows={"momentum": np.stack([everyone[r][0] for r in ranks])},
+                 state={"staleness": {str(r): everyone[r][1] for r in ranks}, "updates": updates.tolist()})
+    world.wait([world.comm.Ibarrier()], f"barrier after the checkpoint at step {step}")
+    return {r: values for r, (_, values) in everyone.items()} if everyone else None
 
 
 def train(run: Run) -> dict:
@@ -67,12 +87,18 @@ def train(run: Run) -> dict:
     params = run.initial_params(stage)
     weights_window, shared = shared_array(node, run.net.num_params, run.dtype)
     counts_window, updates = shared_array(node, world.size, np.int64)
+    velocity, staleness, start = np.zeros_like(params), [], 0
+    resumed = run.resume()
     if world.rank == 0:
-        shared[...], updates[...] = params, 0
-    run.state = SharedWeights(shared)
+        shared[...], updates[...] = (resumed.saved.params, resumed.state["updates"]) if resumed else (params, 0)
+    if resumed:
+        run.scatter_rows(resumed, "momentum", velocity, list(range(world.size)))
+        staleness, start = list(resumed.state["staleness"][str(world.rank)]), resumed.step
+    run.state, run.rescue_note = None, "every process's momentum is needed as well as the shared weights"
     world.wait([world.comm.Ibarrier()], "start barrier")
-    velocity, staleness = np.zeros_like(params), []
-    for step in range(run.total_steps):
+    for step in range(start, run.total_steps):
+        if step > start and run.checkpoint_due(step):
+            save_together(run, step, shared, velocity, staleness, updates)
         world.maybe_die(step)
         lr = run.lr(step)
         with timer.phase(DISTRIBUTE, label="read shared weights"):
@@ -88,14 +114,11 @@ def train(run: Run) -> dict:
         run.completed_steps = step + 1
         run.end_step(step, loss, lr)
     run.training_done()
-    world.wait([world.comm.Ibarrier()], "end barrier")
+    everyone = save_together(run, run.total_steps, shared, velocity, staleness, updates)
     stage.set_params(shared)
     accuracy, loss = run.evaluate_sharded(stage)
     run.record_final(accuracy, loss, run.total_steps)
     world.log(f"hogwild: {int(updates.sum())} unlocked updates; test accuracy {accuracy:.2%}, test loss {loss:.4f}")
-    if world.rank == 0:
-        run.save(run.total_steps)
-    everyone = world.gather_objects(staleness)
     world.wait([world.comm.Ibarrier()], "barrier before freeing the windows")
     weights_window.Free()
     counts_window.Free()

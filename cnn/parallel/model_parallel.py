@@ -18,6 +18,10 @@ gradients are summed, weighted by their sizes, and one update is taken per batch
 are those of one process with the whole batch (tested). With M = 1 one rank always waits for the
 other; with two stages the idle share ("bubble") is about 1/(M+1) of the step — the timeline
 (``--timeline``) shows it.
+
+Each rank holds half of the network, so a checkpoint (every ``--checkpoint-every`` steps, else
+every epoch) gathers both halves on rank 0, and ``--resume`` hands each rank its half back. If
+either rank is lost, the other cannot save the whole: the last checkpoint is where to resume.
 """
 
 from __future__ import annotations
@@ -80,11 +84,19 @@ def train(run: Run) -> dict:
                  f"({back.num_params} parameters), {options.micro_batches} micro-batch(es)")
     whole = run.make_stage()
     params = run.initial_params(whole)
-    stage.set_params(params[:front.num_params] if world.rank == 0 else params[front.num_params:])
-    stage.set_momentum(np.zeros(mine.num_params, run.dtype))
+    momentum, start = np.zeros_like(params), 0
+    resumed = run.resume()
+    if resumed:
+        run.broadcast_saved(resumed, "params", params)
+        run.broadcast_saved(resumed, "momentum", momentum)
+        start = resumed.step
+    mine_slice = slice(0, front.num_params) if world.rank == 0 else slice(front.num_params, None)
+    stage.set_params(params[mine_slice])
+    stage.set_momentum(momentum[mine_slice])
+    run.rescue_note = "each rank holds half of the network"
     bounds = np.linspace(0, config.batch_size, options.micro_batches + 1).astype(np.int64)
     step_function = front_step if world.rank == 0 else back_step
-    for step in range(run.total_steps):
+    for step in range(start, run.total_steps):
         world.maybe_die(step)
         lr = run.lr(step)
         loss = step_function(run, stage, step, bounds, back.input_shape[0])
@@ -92,8 +104,15 @@ def train(run: Run) -> dict:
             stage.update(lr, config.momentum, config.weight_decay)
         run.completed_steps = step + 1
         run.end_step(step, loss, lr)
-        if (step + 1) % run.steps_per_epoch == 0:
-            _evaluate_whole(run, stage, whole, (step + 1) // run.steps_per_epoch - 1)
+        epoch_ended = (step + 1) % run.steps_per_epoch == 0
+        if epoch_ended or run.checkpoint_due(step + 1):
+            model = _gather_whole(run, stage)
+            if epoch_ended and world.rank == 0:
+                whole.set_params(model.params)
+                accuracy, test_loss = evaluate(whole, run.test_x, run.test_y)
+                run.record_epoch((step + 1) // run.steps_per_epoch - 1, accuracy, test_loss)
+            if world.rank == 0:
+                run.save(step + 1, model=model)
     run.training_done()
     return {}
 
@@ -152,19 +171,15 @@ def back_step(run: Run, stage: HostStage, step: int, bounds: np.ndarray, feature
     return loss
 
 
-def _evaluate_whole(run: Run, stage: HostStage, whole, epoch: int) -> None:
-    """Rank 1 sends its half (weights and momentum) to rank 0, which evaluates and checkpoints the whole network."""
+def _gather_whole(run: Run, stage: HostStage) -> WholeModel | None:
+    """Rank 1 sends its half (weights and momentum) to rank 0, which returns the whole network's."""
     world, comm = run.world, run.world.comm
     if world.rank == 1:
         half = np.concatenate([stage.get_params(), stage.get_momentum()])
         world.wait([comm.Isend(half, dest=0, tag=TAG_WEIGHTS)], "receipt of the back half", peers=[0])
-        return
+        return None
     back_size = run.net.num_params - stage.params.size
     half = np.empty(2 * back_size, run.dtype)
     world.wait([comm.Irecv(half, source=1, tag=TAG_WEIGHTS)], "back half of the weights", peers=[1])
-    run.state = WholeModel(np.concatenate([stage.get_params(), half[:back_size]]),
-                           np.concatenate([stage.get_momentum(), half[back_size:]]))
-    whole.set_params(run.state.params)
-    accuracy, loss = evaluate(whole, run.test_x, run.test_y)
-    run.record_epoch(epoch, accuracy, loss)
-    run.save((epoch + 1) * run.steps_per_epoch)
+    return WholeModel(np.concatenate([stage.get_params(), half[:back_size]]),
+                      np.concatenate([stage.get_momentum(), half[back_size:]]))

@@ -48,6 +48,10 @@ class ParameterServer:
             comm = self.world.comm
             self.requests = [comm.Irecv(self.inbox[r], source=r, tag=TAG_GRADIENT) for r in self.workers]
 
+    def rescue_lacks(self, rank: int) -> str:
+        """The workers receive the weights only: the momentum lives on the server alone."""
+        return "" if rank == 0 else "the momentum, which only the server (rank 0) held: it restarts from zero"
+
     def __call__(self, message: np.ndarray, opt, lr: float) -> float:
         return self._serve(message, opt, lr) if self.world.rank == 0 else self._work(message, opt)
 

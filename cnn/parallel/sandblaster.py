@@ -35,6 +35,11 @@ Almost every duplicate was thrown away, and the run was still about 20 % faster 
 a duplicate takes a machine that other jobs could use, the threshold is the cheaper choice.
 
 A task carries the weights only when the worker's copy is out of date (once per batch).
+
+The coordinator holds the whole state (θ, v, the step), so it alone checkpoints, every
+``--checkpoint-every`` steps, else every epoch, and at the end; ``--resume`` continues from it on
+any number of workers (the position is kept in images). If the coordinator is lost, the workers
+stop and name that checkpoint.
 """
 
 from __future__ import annotations
@@ -73,9 +78,25 @@ def train(run: Run) -> dict:
     run.announce(f"{portions} portions per batch, at most {run.options.max_copies} copies of one in flight")
     stage = run.make_stage()
     params = run.initial_params(stage)
+    resumed = run.resume()
     if run.rank == 0:
-        return Coordinator(run, params, portion_bounds(run.global_batch, portions)).coordinate(stage)
+        coordinator = Coordinator(run, params, portion_bounds(run.global_batch, portions))
+        if resumed:
+            coordinator.opt.params[...], coordinator.opt.velocity[...] = resumed.saved.params, resumed.saved.momentum
+        return coordinator.coordinate(stage, resumed.step if resumed else 0)
+    run.rescue_note = "the coordinator, rank 0, held it"
     return work(run, stage)
+
+
+def choose_backup(out_since: dict[int, float], copies: dict[int, int], late_after: float | None,
+                  now: float) -> int | None:
+    """The portion an idle worker duplicates: of the unfinished portions ``out_since`` (portion →
+    when its oldest copy went out; those with a free copy slot), the least-copied of those out for
+    at least ``late_after`` seconds. None when none is late, or none can be called late yet."""
+    if late_after is None:
+        return None
+    late = [portion for portion, since in out_since.items() if now - since >= late_after]
+    return min(late, key=lambda portion: copies[portion]) if late else None
 
 
 class Coordinator:
@@ -94,13 +115,13 @@ class Coordinator:
         self.worker_version = {w: -1 for w in self.workers}
         self.assigned: dict[int, tuple[int, int, float]] = {}     # worker -> (step, portion, when)
         self.active = set(self.workers)
-        self.duplicates = self.wasted = 0
+        self.duplicates = self.wasted = self.idle_with_portions_out = 0
         self.portions_done_by = defaultdict(int)
         self.portion_seconds = deque(maxlen=64)     # hand-out to result, of the latest portions
 
-    def coordinate(self, stage) -> dict:
+    def coordinate(self, stage, start: int = 0) -> dict:
         run = self.run
-        for step in range(run.total_steps):
+        for step in range(start, run.total_steps):
             self.world.maybe_die(step)
             lr = run.lr(step)
             grad_sum, loss_sum = self._batch(step)
@@ -109,12 +130,16 @@ class Coordinator:
             self.version += 1
             run.completed_steps = step + 1
             run.end_step(step, loss_sum / run.global_batch, lr, workers=len(self.active))
+            if run.checkpoint_due(step + 1) and step + 1 < run.total_steps:
+                run.save(step + 1)
         self._stop_workers()
         run.training_done()
         run.evaluate_final(stage, self.opt.params, f"coordinator, {self.duplicates} duplicate portions sent, "
                            f"{self.wasted} results discarded", run.total_steps)
+        run.save(run.total_steps)
         return {"extra": {"portions": len(self.bounds) - 1, "duplicates": self.duplicates,
                           "backup_after": self.run.options.backup_after,
+                          "idle_with_portions_out": self.idle_with_portions_out,
                           "discarded_results": self.wasted,
                           "portions_done_by": {str(w): n for w, n in sorted(self.portions_done_by.items())}}}
 
@@ -185,12 +210,13 @@ class Coordinator:
         if waiting:
             portion = waiting.pop(0)
         else:
-            late_after, now = self._late_after(), time.monotonic()
-            candidates = [p for p, since in self._backup_candidates(step, done, copies).items()
-                          if late_after is not None and now - since >= late_after]
-            if not candidates:
+            out_since = self._backup_candidates(step, done, copies)
+            if not out_since:
                 return
-            portion = min(candidates, key=lambda p: copies[p])
+            self.idle_with_portions_out += 1
+            portion = choose_backup(out_since, copies, self._late_after(), time.monotonic())
+            if portion is None:
+                return
             self.duplicates += 1
         copies[portion] += 1
         task = self.tasks[worker]

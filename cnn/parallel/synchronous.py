@@ -23,12 +23,17 @@ from cnn.parallel.timing import COMPUTE
 
 
 def train_synchronous(run: Run, exchange) -> dict:
-    """Train with ``exchange(message, opt, lr) -> mean loss``; ``exchange.prepare(step)`` runs before compute."""
+    """Train with ``exchange(message, opt, lr) -> mean loss``; ``exchange.prepare(step)`` runs before
+    compute; ``exchange.rescue_lacks(rank)`` says what a rescue checkpoint written by ``rank`` lacks."""
     world, config, timer = run.world, run.config, run.timer
     stage = run.make_stage()
     opt = HostSGD(run.initial_params(stage), config)
-    run.state = opt
-    start = run.resume(opt)
+    run.state, run.state_lacks = opt, exchange.rescue_lacks(world.rank)
+    resumed, start = run.resume(), 0
+    if resumed:
+        run.broadcast_saved(resumed, "params", opt.params)
+        run.broadcast_saved(resumed, "momentum", opt.velocity)
+        start = resumed.step
     stage.set_params(opt.params)
     size = run.net.num_params
     message = np.empty(size + 1, run.dtype)
@@ -59,5 +64,5 @@ def _evaluate_and_checkpoint(run: Run, stage, step: int) -> None:
     if epoch_ended:
         accuracy, loss = run.evaluate_sharded(stage)
         run.record_epoch(done // run.steps_per_epoch - 1, accuracy, loss)
-    if run.rank == 0 and (epoch_ended or (config.checkpoint_every and done % config.checkpoint_every == 0)):
+    if run.rank == 0 and (epoch_ended or run.checkpoint_due(done)):
         run.save(done)

@@ -1,0 +1,130 @@
+"""The launcher and the README: which MPI is installed and what it can do, the mpiexec flags a
+laptop or a cluster needs, every README command run as printed, and the warning of a run that
+learned nothing."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mpi4py")
+
+from cnn.parallel import launch  # noqa: E402
+from test_parallel import MPIEXEC, data_dir, run_parallel  # noqa: E402,F401
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+# -- which MPI: version strings as each prints them (only Open MPI 5 is installed here) -------------
+
+@pytest.mark.parametrize("text, flavour, version, recoverable", [
+    ("mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/", "openmpi", (5, 0, 11), True),
+    ("mpiexec (OpenRTE) 4.1.2\n\nReport bugs to http://www.open-mpi.org/community/help/", "openmpi", (4, 1, 2), False),
+    ("mpirun (Open MPI) 4.1.6", "openmpi", (4, 1, 6), False),
+    ("HYDRA build details:\n    Version:                                 4.2.0", "mpich", (4, 2, 0), True),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.9", "other", (2021, 9), False),
+])
+def test_the_mpi_version_and_whether_survivors_can_go_on(text, flavour, version, recoverable):
+    mpi = launch.parse_mpi_version(text)
+    assert (mpi.flavour, mpi.version) == (flavour, version)
+    missing = launch.fault_tolerance_missing(mpi)
+    assert (missing is None) == recoverable
+    if flavour == "openmpi" and not recoverable:
+        assert f"Open MPI {'.'.join(map(str, version))}" in missing and "from Open MPI 5.0" in missing
+        assert "recoverable" in missing and "\n" not in missing
+
+
+def test_open_mpi_4_gets_no_recoverable_flag_and_the_fault_tests_skip(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.2'\n")
+    fake.chmod(0o755)
+    flags = launch.launcher_flags(str(fake), 4, cores=2)
+    assert flags == ["--oversubscribe", "--bind-to", "none"]
+    assert launch.fault_tolerance_missing(launch.mpi_version(str(fake))).startswith("Open MPI 4.1.2 ends the whole job")
+
+
+# -- the mpiexec flags ---------------------------------------------------------------------------------
+
+def test_launch_flags_from_keywords():
+    flags = launch.option_flags({"batch_size": 32, "resume": True, "progress": False, "split": None, "lr": 0.1})
+    assert flags == ["--batch-size", "32", "--resume", "--no-progress", "--lr", "0.1"]
+    argv = launch.command("allreduce", 4, epochs=1)
+    assert argv[argv.index("-n") + 1] == "4" and argv[-4:] == ["--strategy", "allreduce", "--epochs", "1"]
+    assert argv[argv.index("-m"):argv.index("-m") + 4] == ["-m", "mpi4py", "-m", "cnn.parallel"]
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not installed")
+def test_oversubscribe_only_when_ranks_outnumber_the_cores_and_no_hostfile(tmp_path):
+    if launch.mpi_version(MPIEXEC).flavour != "openmpi":
+        pytest.skip("the flags checked are Open MPI's")
+    assert "--oversubscribe" in launch.launcher_flags(MPIEXEC, 4, cores=2)
+    assert "--oversubscribe" not in launch.launcher_flags(MPIEXEC, 2, cores=2)
+    hosts = tmp_path / "hosts"
+    flags = launch.launcher_flags(MPIEXEC, 8, cores=2, hostfile=str(hosts))
+    assert "--oversubscribe" not in flags and flags[flags.index("--hostfile") + 1] == str(hosts)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not installed")
+def test_a_hostfile_reaches_mpiexec(data_dir, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    result = run_parallel("allreduce", 2, data_dir, tmp_path, limit_train=64, hostfile=str(hosts))
+    assert result.summary is not None, result.stderr[-2000:]
+    argv = result.command
+    assert argv.index("--hostfile") < argv.index("-n") and "--hostfile" not in argv[argv.index("-n"):]
+
+
+# -- the README's commands, as printed -------------------------------------------------------------------
+
+def readme_launch_commands() -> list[str]:
+    """The ``python -m cnn.parallel.launch`` lines of the README's distributed section."""
+    text = README.read_text()
+    section = text[text.index("## Distributed training over MPI"):]
+    section = section[:section.index("\n## ", 1)]
+    return [line.split("#")[0].strip() for line in section.splitlines()
+            if line.startswith("python -m cnn.parallel.launch")]
+
+
+def test_the_readme_launches_through_the_launcher():
+    commands = readme_launch_commands()
+    assert len(commands) >= 3
+    assert all(" -n " in command for command in commands)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not installed")
+@pytest.mark.parametrize("index", range(3))
+def test_every_readme_command_runs_as_printed_on_two_cores(index, data_dir, tmp_path):
+    """Each command exactly as printed, with flags appended (the last of a flag wins) only to make it
+    small: the tiny dataset and its batch size. The asynchronous ones run on their own defaults."""
+    command = readme_launch_commands()[index]
+    argv = shlex.split(command)[3:]                  # after "python -m cnn.parallel.launch"
+    small = ["--data-dir", str(data_dir), "--limit-test", "64", "--batch-size", "8", "--no-progress",
+             "--summary", str(tmp_path / "summary.json"), "--checkpoint", str(tmp_path / "run.npz")]
+    if "--epochs" in argv:
+        small += ["--epochs", "3"]                   # the tiny dataset needs a few passes to be learned
+    done = subprocess.run([sys.executable, "-m", "cnn.parallel.launch", *argv, *small], capture_output=True,
+                          text=True, timeout=300, env=launch.environment())
+    assert done.returncode == 0, command + "\n" + done.stderr[-2000:]
+    mpiexec_line = done.stdout.splitlines()[0]
+    ranks = int(argv[argv.index("-n") + 1])
+    assert ("--oversubscribe" in mpiexec_line) == (ranks > launch.usable_cores())
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_test_accuracy"] >= 0.6, command
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not installed")
+def test_a_run_that_learned_nothing_warns_instead_of_completing(data_dir, tmp_path):
+    result = run_parallel("allreduce", 2, data_dir, tmp_path, limit_train=64, lr=1e-9)
+    assert result.returncode == 1
+    assert result.summary["status"] == "did not learn"
+    assert re.search(r"warning: test accuracy \d+\.\d+% is chance level", result.stderr)
+    assert "completed" not in result.stdout.splitlines()[-1]
