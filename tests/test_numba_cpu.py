@@ -162,7 +162,7 @@ def test_fuse_false_gives_the_same_step():
     fused = make_stage(NumbaCpuStage, net, np.float64)
     unfused = NumbaCpuStage(net, np.float64, fuse=False)
     unfused.set_params(fused.get_params())
-    assert [step.kind for step in unfused.plan][:3] == ["conv", "relu", "maxpool"]
+    assert [step.kind for step in unfused.kernel_calls][:3] == ["conv", "relu", "maxpool"]
     images, labels = random_batch(net, 3, np.float64, seed=14)
     assert_same_step(fused, unfused, images, labels, 1e-12)
 

@@ -198,7 +198,7 @@ class NumbaCpuStage(HostStage):
     def __init__(self, net: Network, dtype=np.float32, fuse: bool = True):
         """``fuse=False`` runs every layer as its own kernel: what fusion buys, measured by the benchmark."""
         super().__init__(net, dtype)
-        self.plan = fusion_plan(net, fuse)
+        self.kernel_calls = fusion_plan(net, fuse)
         self._buffer_sets: dict = {}
         self._first_step_grad = None     # what the lazy ``input_grad`` needs
 
@@ -212,7 +212,7 @@ class NumbaCpuStage(HostStage):
 
     def backward(self):
         grad = self.dlogits
-        for index in reversed(range(1, len(self.plan))):
+        for index in reversed(range(1, len(self.kernel_calls))):
             grad = self._step_backward(index, grad, need_dx=True)
         self._step_backward(0, grad, need_dx=False)
         self._first_step_grad, self._input_grad = grad, None
@@ -246,7 +246,7 @@ class NumbaCpuStage(HostStage):
                 self._buffer_sets.pop(next(iter(self._buffer_sets)))
             shapes = self.net.activation_shapes()
             outputs, switches, input_grads = [], [], []
-            for step in self.plan:
+            for step in self.kernel_calls:
                 shape_in, shape_out = shapes[step.first], shapes[step.first + len(step.layers)]
                 pooled = step.kind in ("conv_relu_pool", "maxpool")
                 outputs.append(np.empty((batch, *shape_out), self.dtype))
@@ -258,7 +258,7 @@ class NumbaCpuStage(HostStage):
     def _forward_steps(self, x, buffers: Buffers):
         """Run every step into its buffers; return the logits and each step's input."""
         inputs = []
-        for step, out, switch in zip(self.plan, buffers.outputs, buffers.switches):
+        for step, out, switch in zip(self.kernel_calls, buffers.outputs, buffers.switches):
             inputs.append(x)
             params, layer = self.param_views[step.first], step.layers[0]
             if step.kind == "conv_relu_pool":
@@ -282,7 +282,7 @@ class NumbaCpuStage(HostStage):
 
     def _step_backward(self, index, grad_out, need_dx):
         """Backward through step ``index``: return dL/d(its input) (None if not need_dx), write its dW, db."""
-        step, buffers = self.plan[index], self.step_buffers
+        step, buffers = self.kernel_calls[index], self.step_buffers
         x, out, switch = self.step_inputs[index], buffers.outputs[index], buffers.switches[index]
         dx = buffers.input_grads[index]
         params, grads, layer = self.param_views[step.first], self.grad_views[step.first], step.layers[0]
