@@ -1,0 +1,152 @@
+"""Grading the course's assignments with nbgrader in a throw-away course directory (shared by the tests).
+
+An autograder is only worth something if it can fail, so the tests grade submissions whose scores
+they know: the instructor's solutions (full marks), the student version as released (zero), and
+deliberately wrong answers (partial credit, failing exactly the cells that test what is wrong)::
+
+    course = Course(tmp_path, ["a7_network_layers"])      # copy the sources, run generate_assignment
+    course.submit("blanks", "a7_network_layers", course.release("a7_network_layers"))
+    grades = course.autograde("a7_network_layers", "blanks")   # {test cell: Grade(score, max_score, error)}
+
+``with_solution(notebook, cell, code)`` makes a wrong answer: the source notebook with one solution cell
+rewritten. ``structure_problems`` and ``leaked_solutions`` are the checks every source notebook and its
+release must pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+import nbformat
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+COURSE = REPOSITORY / "assignments"
+POINTS_PER_ASSIGNMENT = 10
+
+
+class Grade(NamedTuple):
+    score: float
+    max_score: float
+    error: str          # "ename: evalue" of the cell's error, "" when it ran through
+
+
+def source_notebook(assignment: str) -> Path:
+    return COURSE / "source" / assignment / f"{assignment}.ipynb"
+
+
+def nbgrader_cells(notebook) -> list:
+    return [cell for cell in notebook.cells if "nbgrader" in cell.metadata]
+
+
+@contextmanager
+def _venv_on_path():
+    """nbgrader runs the `alembic` command when it creates a gradebook: the venv's bin must be on PATH."""
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
+
+
+class Course:
+    """An nbgrader course directory under ``root`` holding copies of some of the course's assignments."""
+
+    def __init__(self, root: Path, assignments: list[str]):
+        from nbgrader.apps import NbGraderAPI
+        from traitlets.config.loader import PyFileConfigLoader
+
+        self.root = Path(root)
+        for assignment in assignments:
+            shutil.copytree(COURSE / "source" / assignment, self.root / "source" / assignment)
+        config = PyFileConfigLoader("nbgrader_config.py", str(COURSE)).load_config()   # the committed settings
+        config.CourseDirectory.root = str(self.root)
+        config.CourseDirectory.db_url = f"sqlite:///{self.root / 'gradebook.db'}"
+        self.db_url = config.CourseDirectory.db_url
+        with _venv_on_path():
+            self.api = NbGraderAPI(config=config)
+            for assignment in assignments:
+                outcome = self.api.generate_assignment(assignment)
+                assert outcome["success"], f"generate_assignment {assignment}:\n{outcome.get('error')}\n{outcome.get('log')}"
+
+    def source(self, assignment: str):
+        return nbformat.read(self.root / "source" / assignment / f"{assignment}.ipynb", 4)
+
+    def release(self, assignment: str):
+        return nbformat.read(self.root / "release" / assignment / f"{assignment}.ipynb", 4)
+
+    def submit(self, student: str, assignment: str, notebook) -> None:
+        folder = self.root / "submitted" / student / assignment
+        folder.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, folder / f"{assignment}.ipynb")
+
+    def autograde(self, assignment: str, student: str) -> dict[str, Grade]:
+        """Autograde one submission; {grade cell id: Grade}."""
+        from nbgrader.api import Gradebook
+
+        with _venv_on_path():
+            outcome = self.api.autograde(assignment, student)
+        assert outcome["success"], f"autograde {assignment} ({student}):\n{outcome.get('error')}\n{outcome.get('log')}"
+        graded = nbformat.read(self.root / "autograded" / student / assignment / f"{assignment}.ipynb", 4)
+        errors = {cell.metadata.nbgrader["grade_id"]: _error_text(cell) for cell in nbgrader_cells(graded)}
+        with Gradebook(self.db_url) as gradebook:
+            submission = gradebook.find_submission(assignment, student)
+            return {grade.name: Grade(grade.score, grade.max_score, errors.get(grade.name, ""))
+                    for notebook in submission.notebooks for grade in notebook.grades}
+
+
+def _error_text(cell) -> str:
+    errors = [output for output in cell.get("outputs", []) if output.output_type == "error"]
+    return f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
+
+
+def with_solution(notebook, grade_id: str, code: str):
+    """A copy of ``notebook`` whose solution cell ``grade_id`` holds ``code`` instead: a student's answer."""
+    answer = copy.deepcopy(notebook)
+    cells = [cell for cell in nbgrader_cells(answer) if cell.metadata.nbgrader["grade_id"] == grade_id]
+    assert len(cells) == 1 and cells[0].metadata.nbgrader["solution"], f"no solution cell {grade_id!r}"
+    cells[0].source = code
+    return answer
+
+
+def structure_problems(notebook) -> list[str]:
+    """What is wrong with a source notebook's nbgrader structure (an empty list when nothing is)."""
+    cells = nbgrader_cells(notebook)
+    solutions = [cell for cell in cells if cell.metadata.nbgrader["solution"]]
+    tests = [cell for cell in cells if cell.metadata.nbgrader["grade"]]
+    problems = [] if solutions and tests else ["no solution cell or no test cell"]
+    problems += [f"{cell.metadata.nbgrader['grade_id']}: no ### BEGIN SOLUTION / ### END SOLUTION" for cell in solutions
+                 if "### BEGIN SOLUTION" not in cell.source or "### END SOLUTION" not in cell.source]
+    problems += [f"{cell.metadata.nbgrader['grade_id']}: a test cell must be read-only and have points" for cell in tests
+                 if not (cell.metadata.nbgrader.get("points", 0) > 0 and cell.metadata.nbgrader["locked"])]
+    total = sum(cell.metadata.nbgrader.get("points", 0) for cell in tests)
+    if total != POINTS_PER_ASSIGNMENT:
+        problems.append(f"the tests are worth {total} points, not {POINTS_PER_ASSIGNMENT}")
+    if any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"):
+        problems.append("outputs left in: strip them (python notebooks/strip_outputs.py)")
+    ids = [cell.metadata.nbgrader["grade_id"] for cell in cells]
+    problems += [f"grade_id {name!r} used twice" for name in sorted(set(ids)) if ids.count(name) > 1]
+    return problems
+
+
+def leaked_solutions(source, release) -> list[str]:
+    """Solution cells of ``release`` that still hold (the last line of) the source's solution code."""
+    solution_code = {cell.metadata.nbgrader["grade_id"]: cell.source for cell in nbgrader_cells(source)
+                     if cell.metadata.nbgrader["solution"]}
+    leaks = []
+    for cell in nbgrader_cells(release):
+        name = cell.metadata.nbgrader["grade_id"]
+        if not cell.metadata.nbgrader["solution"]:
+            continue
+        body = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", solution_code[name], re.S).group(1)
+        if ("BEGIN SOLUTION" in cell.source or "raise NotImplementedError()" not in cell.source
+                or body.strip().splitlines()[-1].strip() in cell.source):
+            leaks.append(name)
+    return leaks

@@ -1,0 +1,319 @@
+"""Assignments 7–11 graded by nbgrader three ways: the solutions, the blanks, and wrong answers.
+
+In a temporary course directory (tests/nbgrader_course.py), every assignment is released and then
+autograded for several "students":
+
+- ``solutions`` submits the instructor's source notebook: full marks on every test cell;
+- ``blanks`` submits the student version as released: zero on every test cell;
+- ``wrong1`` and ``wrong2`` submit plausible wrong answers (``WRONG``; mistakes in different cells of one
+  notebook share a submission): partial credit, losing exactly the points of the case families each
+  mistake breaks, with a message that names what is wrong.
+
+The performance assignments (9: the fused CPU layer, 10: the tiled GPU kernel) are graded on counts,
+not times; their wrong answers are *correct but slow* — untiled, unfused, not parallel — and must
+score below the fast solution while passing every correctness test. The CUDA kernels run in Numba's
+simulator here (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1, and the notebook kernels inherit it).
+One module-scoped fixture does all the grading (17 notebooks, about two minutes); the tests read its results.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import nbformat
+import pytest
+
+from nbgrader_course import Course, leaked_solutions, source_notebook, structure_problems, with_solution
+
+ASSIGNMENTS = ["a7_network_layers", "a8_solver", "a9_numba_fused", "a10_tiled_dense", "a11_distributed"]
+
+
+class Wrong(NamedTuple):
+    """A plausible wrong submission: solution cells rewritten (``answers``: cell → code); it must lose
+    exactly the test cells of ``fails``, each with an error that contains the given words."""
+
+    student: str
+    assignment: str
+    what: str
+    answers: dict
+    fails: dict
+
+
+SOFTMAX_WITHOUT_SHIFT = '''
+def softmax_loss(logits, labels):
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    rows = np.arange(len(labels))
+    dlogits = probs.copy()
+    dlogits[rows, labels] -= 1
+    return -np.log(probs[rows, labels]).mean(), dlogits / len(labels)
+'''
+
+SWITCHES_IN_THE_WINDOW = '''
+def maxpool_forward(x, size, stride):
+    N, C, H, W = x.shape
+    Ho, Wo = (H - size) // stride + 1, (W - size) // stride + 1
+    y, argmax = np.empty((N, C, Ho, Wo)), np.empty((N, C, Ho, Wo), dtype=np.int64)
+    for i in range(Ho):
+        for j in range(Wo):
+            windows = x[:, :, i * stride:i * stride + size, j * stride:j * stride + size].reshape(N, C, -1)
+            y[:, :, i, j], argmax[:, :, i, j] = windows.max(axis=2), windows.argmax(axis=2)
+    return y, argmax
+'''
+
+WEIGHT_DECAY_OUTSIDE_THE_VELOCITY = '''
+def sgd_momentum(params, velocity, grad, lr, momentum, weight_decay):
+    velocity *= momentum
+    velocity += grad
+    params -= lr * (velocity + weight_decay * params)
+'''
+
+SCHEDULE_IGNORED = '''
+def train_loop(stage, images, labels, epochs, batch_size, lr, momentum=0.9, weight_decay=0.0, seed=0,
+               step_epochs=None, gamma=0.1, update=sgd_momentum):
+    rng = np.random.default_rng(seed)
+    params, velocity, losses = stage.get_params(), stage.get_momentum(), []
+    for epoch in range(epochs):
+        order = rng.permutation(len(images))
+        for batch in range(len(images) // batch_size):
+            chosen = order[batch * batch_size:(batch + 1) * batch_size]
+            stage.load_batch(images[chosen], labels[chosen])
+            stage.forward()
+            stage.backward()
+            loss = stage.fetch_loss()
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss {loss} at epoch {epoch + 1}, batch {batch + 1}")
+            update(params, velocity, stage.get_grad(), lr, momentum, weight_decay)
+            stage.set_params(params)
+            losses.append(loss)
+    stage.set_momentum(velocity)
+    return losses
+'''
+
+UNFUSED = '''
+@njit(parallel=True)
+def conv_relu_pool(x, W, b, size, stride, out, switch):
+    N, F = x.shape[0], W.shape[0]
+    Hc, Wc = x.shape[2] - W.shape[2] + 1, x.shape[3] - W.shape[3] + 1
+    planes = np.empty((N, F, Hc, Wc), dtype=x.dtype)
+    for item in prange(N * F):
+        conv_plane(x, W, b, item // F, item % F, planes[item // F, item % F])
+    for item in prange(N * F):
+        n, f = item // F, item % F
+        for i in range(out.shape[2]):
+            for j in range(out.shape[3]):
+                best, winner = 0.0, (i * stride) * Wc + j * stride
+                for h in range(i * stride, i * stride + size):
+                    for w in range(j * stride, j * stride + size):
+                        if planes[n, f, h, w] > best:
+                            best, winner = planes[n, f, h, w], h * Wc + w
+                out[n, f, i, j] = best
+                switch[n, f, i, j] = winner
+'''
+
+SERIAL = '''
+@njit(parallel=True)
+def conv_relu_pool(x, W, b, size, stride, out, switch):
+    N, F = x.shape[0], W.shape[0]
+    Hc, Wc = x.shape[2] - W.shape[2] + 1, x.shape[3] - W.shape[3] + 1
+    for item in range(N * F):
+        n, f = item // F, item % F
+        plane = np.empty((Hc, Wc), dtype=x.dtype)
+        conv_plane(x, W, b, n, f, plane)
+        for i in range(out.shape[2]):
+            for j in range(out.shape[3]):
+                best, winner = 0.0, (i * stride) * Wc + j * stride
+                for h in range(i * stride, i * stride + size):
+                    for w in range(j * stride, j * stride + size):
+                        if plane[h, w] > best:
+                            best, winner = plane[h, w], h * Wc + w
+                out[n, f, i, j] = best
+                switch[n, f, i, j] = winner
+'''
+
+UNTILED = '''
+@cuda.jit
+def dense_tiled_kernel(x, w, b, y):
+    col, row = cuda.grid(2)
+    if row < y.shape[0] and col < y.shape[1]:
+        total = b[col]
+        for k in range(x.shape[1]):
+            total += x[row, k] * w[col, k]
+        y[row, col] = total
+'''
+
+NOT_REGISTER_BLOCKED = '''
+@cuda.jit
+def dense_blocked_kernel(x, w, b, y):
+    x_tile = cuda.shared.array((TILE, TILE), np.float32)
+    w_tile = cuda.shared.array((TILE, WIDE), np.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    row, first = cuda.blockIdx.y * TILE + ty, cuda.blockIdx.x * WIDE
+    totals = cuda.local.array(REGISTERS, np.float32)
+    for r in range(REGISTERS):
+        totals[r] = 0
+    for start in range(0, x.shape[1], TILE):
+        k = start + tx
+        x_tile[ty, tx] = x[row, k] if row < x.shape[0] and k < x.shape[1] else 0
+        for r in range(REGISTERS):
+            o = first + ty + r * TILE
+            w_tile[tx, ty + r * TILE] = w[o, k] if o < w.shape[0] and k < x.shape[1] else 0
+        cuda.syncthreads()
+        for kk in range(TILE):
+            for r in range(REGISTERS):
+                totals[r] += x_tile[ty, kk] * w_tile[kk, tx + r * TILE]
+        cuda.syncthreads()
+    for r in range(REGISTERS):
+        col = first + tx + r * TILE
+        if row < y.shape[0] and col < y.shape[1]:
+            y[row, col] = totals[r] + b[col]
+'''
+
+GATHER_AND_BROADCAST = '''
+def ring_allreduce(comm, vector):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if rank != 0:
+        comm.Send(vector, dest=0)
+        comm.Recv(vector, source=0)
+        return vector
+    received = np.empty_like(vector)
+    for source in range(1, size):
+        comm.Recv(received, source=source)
+        vector += received
+    for dest in range(1, size):
+        comm.Send(vector, dest=dest)
+    return vector
+'''
+
+SEND_THEN_RECEIVE = '''
+def ring_allreduce(comm, vector):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    bounds = np.linspace(0, len(vector), size + 1).astype(int)
+    chunk = lambda index: vector[bounds[index % size]:bounds[index % size + 1]]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for k in range(size - 1):
+        comm.Send(chunk(rank - k), dest=right)
+        received = np.empty_like(chunk(rank - k - 1))
+        comm.Recv(received, source=left)
+        chunk(rank - k - 1)[...] += received
+    for k in range(size - 1):
+        comm.Send(chunk(rank - k + 1), dest=right)
+        comm.Recv(chunk(rank - k), source=left)
+    return vector
+'''
+
+CENTER_WORKER_BY_WORKER = '''
+def easgd_exchange(comm, weights, lr, rho):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    alpha = lr * rho
+    received = np.empty_like(weights)
+    if rank == 0:
+        for worker in range(1, size):
+            comm.Sendrecv(weights.copy(), dest=worker, recvbuf=received, source=worker)
+            weights += alpha * (received - weights)
+    else:
+        comm.Sendrecv(weights, dest=0, recvbuf=received, source=0)
+        weights -= alpha * (weights - received)
+'''
+
+WRONG = [
+    Wrong("wrong1", "a7_network_layers", "softmax without the row maximum; switches inside the window",
+          {"softmax_loss": SOFTMAX_WITHOUT_SHIFT, "maxpool_forward": SWITCHES_IN_THE_WINDOW},
+          {"test_softmax_large_scores": "np.exp overflowed", "test_maxpool_switches": "positions inside the window"}),
+    Wrong("wrong1", "a8_solver", "weight decay outside the velocity; the learning-rate schedule ignored",
+          {"sgd_momentum": WEIGHT_DECAY_OUTSIDE_THE_VELOCITY, "train_loop": SCHEDULE_IGNORED},
+          {"test_sgd_weight_decay": "weight decay λ = 0.01", "test_loop_step_schedule": "step rate"}),
+    Wrong("wrong1", "a9_numba_fused", "correct but unfused: the whole convolution output in one array",
+          {"conv_relu_pool": UNFUSED}, {"test_no_full_size_temporary": "the whole convolution output"}),
+    Wrong("wrong2", "a9_numba_fused", "correct but serial: range instead of prange",
+          {"conv_relu_pool": SERIAL}, {"test_parallel_loop": "no loop that Numba runs in parallel"}),
+    Wrong("wrong1", "a10_tiled_dense", "correct but untiled, and register blocking without the register",
+          {"tiled_kernel": UNTILED, "blocked_kernel": NOT_REGISTER_BLOCKED},
+          {"test_tiled_reads_x": "reads x 32.00 times per output from global memory",
+           "test_tiled_reads_w": "reads w 32.00 times per output from global memory",
+           "test_blocked_shared_reads": "2.00 times per multiply-add"}),
+    Wrong("wrong1", "a11_distributed", "a gather to rank 0 and a broadcast; EASGD's center updated worker by worker",
+          {"ring_allreduce": GATHER_AND_BROADCAST, "easgd": CENTER_WORKER_BY_WORKER},
+          {"test_ring_traffic": "rank 0 sent 3000 numbers", "test_easgd_workers": "worker 2's weights",
+           "test_easgd_center": "the center"}),
+    Wrong("wrong2", "a11_distributed", "a ring that sends before it receives",
+          {"ring_allreduce": SEND_THEN_RECEIVE},
+          {test: "Deadlock: deadlock: rank 0 waits in Send" for test in
+           ("test_ring_divisible", "test_ring_uneven", "test_ring_traffic")}),
+]
+
+#: the correctness test cells of the performance assignments: a slow answer must pass them all
+CORRECTNESS = {"a9_numba_fused": {"test_conv_plane", "test_fused_2x2", "test_fused_overlapping"},
+               "a10_tiled_dense": {"test_tiled_whole_tiles", "test_tiled_ragged", "test_blocked_whole_tiles",
+                                   "test_blocked_ragged"}}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """{(assignment, student): {test cell: Grade}}, and the released notebooks under ("release", assignment)."""
+    course = Course(tmp_path_factory.mktemp("course"), ASSIGNMENTS)
+    submissions = {}
+    for assignment in ASSIGNMENTS:
+        submissions[(assignment, "solutions")] = course.source(assignment)
+        submissions[(assignment, "blanks")] = course.release(assignment)
+    for wrong in WRONG:
+        notebook = course.source(wrong.assignment)
+        for cell, code in wrong.answers.items():
+            notebook = with_solution(notebook, cell, code.strip("\n"))
+        submissions[(wrong.assignment, wrong.student)] = notebook
+    results = {("release", assignment): course.release(assignment) for assignment in ASSIGNMENTS}
+    for (assignment, student), notebook in submissions.items():
+        course.submit(student, assignment, notebook)
+        results[(assignment, student)] = course.autograde(assignment, student)
+    return results
+
+
+def total(grades) -> float:
+    return sum(grade.score for grade in grades.values())
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_source_structure(assignment):
+    assert structure_problems(nbformat.read(source_notebook(assignment), 4)) == []
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_release_has_no_solutions(graded, assignment):
+    source = nbformat.read(source_notebook(assignment), 4)
+    assert leaked_solutions(source, graded[("release", assignment)]) == []
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_solutions_score_full_marks(graded, assignment):
+    grades = graded[(assignment, "solutions")]
+    lost = {name: grade for name, grade in grades.items() if grade.score != grade.max_score}
+    assert grades and not lost, f"{assignment}: the solutions lose points on {lost}"
+    assert total(grades) == 10
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_blanks_score_zero(graded, assignment):
+    grades = graded[(assignment, "blanks")]
+    assert grades.keys() == graded[(assignment, "solutions")].keys()
+    scored = {name: grade for name, grade in grades.items() if grade.score != 0}
+    assert not scored, f"{assignment}: the unanswered student version scores on {scored}"
+
+
+@pytest.mark.parametrize("wrong", WRONG, ids=[f"{w.assignment}-{w.student}" for w in WRONG])
+def test_wrong_answer_loses_exactly_its_families(graded, wrong):
+    grades = graded[(wrong.assignment, wrong.student)]
+    failed = {name for name, grade in grades.items() if grade.score < grade.max_score}
+    assert failed == wrong.fails.keys(), f"{wrong.what}: failed {sorted(failed)}, expected {sorted(wrong.fails)}"
+    assert 0 < total(grades) < 10
+    for name, words in wrong.fails.items():
+        assert grades[name].score == 0 and words in grades[name].error, (
+            f"{wrong.what}: cell {name} says {grades[name].error!r}, which does not name the mistake ({words!r})")
+
+
+@pytest.mark.parametrize("wrong", [w for w in WRONG if w.assignment in CORRECTNESS],
+                         ids=[f"{w.assignment}-{w.student}" for w in WRONG if w.assignment in CORRECTNESS])
+def test_slow_correct_answer_scores_below_the_fast_one(graded, wrong):
+    """Untiled, unfused, serial: right numbers, fewer points than the solution."""
+    grades = graded[(wrong.assignment, wrong.student)]
+    assert all(grades[name].score == grades[name].max_score for name in CORRECTNESS[wrong.assignment]), \
+        f"{wrong.what} should be correct"
+    assert total(grades) < total(graded[(wrong.assignment, "solutions")])
