@@ -1,55 +1,77 @@
 #!/bin/sh
-# What the CUDA stages owe to a real GPU, in parts that each fit one 10-minute call of the device
-# tool, every result written to benchmarks/results/ and packed into $OUT/gpu-results.tar.gz.
+# Every GPU figure the course quotes, in parts that each fit one 10-minute call of a GPU machine.
+# Results go to benchmarks/results/ (the device is in every file name); commit them afterwards.
 #
-#   sh benchmarks/gpu_session.sh tests     # NUMBA_ENABLE_CUDASIM=0 pytest -m gpu (full-size checks)
+#   sh benchmarks/gpu_session.sh check     # the gpu tests, then cuda-ring and cuda-tuned beside PyTorch
+#                                          # (eager and as one CUDA graph) on both networks, a 2-epoch run
 #   sh benchmarks/gpu_session.sh bench     # every stage + PyTorch, LeNet-5 b64 (MNIST) and AlexNet-small b128
-#   sh benchmarks/gpu_session.sh profile   # cuda-ring's profile and timeline, stage 7's ablation, census
-#   sh benchmarks/gpu_session.sh train     # cuda-fused and cuda-tuned, LeNet-5, 10 epochs on MNIST
+#   sh benchmarks/gpu_session.sh profile   # stage 7's ablation and Nsight Compute kernel times, both networks
+#   sh benchmarks/gpu_session.sh train     # cuda-tuned and cuda-fused, LeNet-5, 10 epochs on MNIST
 #
-# A GPU machine that cannot reach the network needs MNIST carried along: copy the four IDX .gz
-# files into data/mnist/ (git-ignored, 11 MB) and name `data` in the device tool's `carry`.
-# Afterwards, on the development machine: unpack the archive at the repository root, then
-# `python -m cnn bench --update-readme`, fill the "not yet measured on a GPU" tables of
-# cnn/stages/s5_cuda_fused.py, s7_cuda_tuned.py and docs/profiling.md, and commit.
+# Parts chain: `sh benchmarks/gpu_session.sh bench train`. A GPU machine that cannot reach the
+# network needs MNIST carried along (the four IDX .gz files in data/mnist/, git-ignored). numba-cuda
+# 0.30.4 cannot import with numpy 2.5: where .whl/ holds a numpy wheel (pip download numpy==2.4.6
+# for the machine's Python), it is installed into /tmp/site first and put on PYTHONPATH.
+# Afterwards, on the development machine: `python -m cnn bench --update-readme` and
+# `python -m cnn bench --update-docs` regenerate README and docs/profiling.md from the files.
 set -eu
-export NUMBA_ENABLE_CUDASIM=0
+export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
 export CNN_DATA_DIR="${CNN_DATA_DIR:-data}"
+PYTHON="${PYTHON:-python3}"
 results=benchmarks/results
 mkdir -p "$results"
+[ $# -gt 0 ] || { echo "gpu_session.sh: which parts? check, bench, profile, train" >&2; exit 2; }
 
-part="${1:?which part: tests, bench, profile or train}"
-case "$part" in
-tests)
-    python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$results/gpu-tests.log"
-    ;;
-bench)
-    python -m cnn bench --model lenet5 --batch-size 64
-    python -m cnn bench --stages numpy,numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned \
-        --model alexnet-small --batch-size 128 --data random
-    ;;
-profile)
-    for model_batch in "lenet5 64" "alexnet-small 128"; do
-        set -- $model_batch
-        python -m cnn bench --profile cuda-ring --model "$1" --batch-size "$2" --data random \
-            > "$results/profile-cuda-ring-$1.txt"
-        python -m cnn bench --timeline --model "$1" --batch-size "$2" --steps 20
-        python -m cnn bench --ablation --model "$1" --batch-size "$2"
-        python -m cnn bench --profile cuda-tuned --model "$1" --batch-size "$2" --data random \
-            > "$results/profile-cuda-tuned-$1.txt"
-    done
-    python -m cnn bench --census > "$results/census.txt"
-    ;;
-train)
-    for stage in cuda-fused cuda-tuned; do
-        python -m cnn train --stage "$stage" --epochs 10 --out "$results/train-lenet5-$stage-gpu.json"
-    done
-    ;;
-*)
-    echo "gpu_session.sh: unknown part '$part' (tests, bench, profile or train)" >&2
-    exit 2
-    ;;
-esac
+if ls .whl/numpy-*.whl >/dev/null 2>&1; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/numpy-*.whl
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PYTHON" -c "import numpy, numba; from numba import cuda; print('numpy', numpy.__version__, 'numba', numba.__version__, cuda.get_current_device().name)"
+
+ncu_kernels() {   # $1 model, $2 batch: every kernel of two cuda-tuned training steps, Nsight Compute's times
+    command -v ncu >/dev/null || { echo "ncu (Nsight Compute) is not on the PATH: no kernel table" >&2; return 0; }
+    ncu --profile-from-start off --clock-control none --csv --log-file "$results/ncu-cuda-tuned-$1-b$2.csv" \
+        --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
+        "$PYTHON" -m cnn bench --profile cuda-tuned --model "$1" --batch-size "$2" --data random --steps 2 --budget 1 \
+        > /dev/null
+}
+
+for part in "$@"; do
+    case "$part" in
+    check)
+        "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/test_tiled_kernels.py tests/test_cuda_tuned.py \
+            2>&1 | tee "$results/gpu-tests-stage7.log"
+        "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model lenet5 --batch-size 64 --budget 15
+        "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 --data random \
+            --budget 15
+        "$PYTHON" -m cnn train --stage cuda-tuned --epochs 2 --no-progress --out "$results/check-train.json"
+        ncu_kernels alexnet-small 128
+        ;;
+    bench)
+        "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$results/gpu-tests.log"
+        "$PYTHON" -m cnn bench --model lenet5 --batch-size 64 --stages numpy,numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned
+        "$PYTHON" -m cnn bench --model alexnet-small --batch-size 128 --data random \
+            --stages numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned
+        ;;
+    profile)
+        for model_batch in "lenet5 64" "alexnet-small 128"; do
+            set -- $model_batch
+            "$PYTHON" -m cnn bench --ablation --model "$1" --batch-size "$2"
+            ncu_kernels "$1" "$2"
+        done
+        ;;
+    train)
+        for stage in cuda-tuned cuda-fused; do
+            "$PYTHON" -m cnn train --stage "$stage" --epochs 10 --no-progress \
+                --out "$results/train-lenet5-$stage-10ep-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-').json"
+        done
+        ;;
+    *)
+        echo "gpu_session.sh: unknown part '$part' (check, bench, profile or train)" >&2
+        exit 2
+        ;;
+    esac
+done
 
 if [ -n "${OUT:-}" ]; then
     tar czf "$OUT/gpu-results.tar.gz" "$results"

@@ -1,10 +1,18 @@
 """Training: minibatch SGD with momentum, any stage, checkpoints that survive interruption and divergence.
 
-The loop is the same for every stage — it only calls the ``Stage`` interface::
+The loop is the same for every stage — it only calls the ``Stage`` interface, an epoch at a time::
 
-    for each epoch:   shuffle (seeded)
-        for each batch:   loss = stage.train_step(x, y, lr(step), momentum, weight_decay)
-        evaluate on the test set, write a checkpoint
+    stage.load_dataset(train, test)                       once
+    for each epoch:   order = a seeded shuffle;  lrs = the schedule's rate at each step
+        stage.begin_epoch(order, lrs, ...)
+        while steps remain:   losses = stage.run_steps(first, count)     (count = up to the next
+                              sync point: the stage's steps_per_sync, --eval-every, --checkpoint-every)
+        evaluate on the test set (stage.test_scores), write a checkpoint
+
+A CPU stage runs ``run_steps`` as one ``train_step`` a step (``steps_per_sync`` = 1); a GPU stage
+with the ``device-epoch`` fix runs the requested steps with data, order and rates already on the
+device, and the host waits for it once per request. Every step's loss is in the history; a
+step's training time is interpolated within its request (the host only sees when a request ends).
 
 Learning-rate schedules (``lr_at``):
 
@@ -127,15 +135,16 @@ def load_dataset(config: TrainConfig):
 
 def evaluate(stage, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of the stage's current parameters on a labelled set."""
-    from cnn.stages.base import softmax_cross_entropy
+    from cnn.stages.base import score_batches
 
-    correct, loss_sum = 0, 0.0
-    for start in range(0, len(images), batch_size):
-        logits = stage.predict(images[start:start + batch_size]).astype(np.float64)
-        batch_labels = labels[start:start + batch_size]
-        correct += int((logits.argmax(axis=1) == batch_labels).sum())
-        loss_sum += softmax_cross_entropy(logits, batch_labels)[0] * len(batch_labels)
+    correct, loss_sum = score_batches(stage, images, labels, batch_size)
     return correct / len(images), loss_sum / len(images)
+
+
+def evaluate_loaded(stage, count: int) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) on the first ``count`` images of the test set given to ``load_dataset``."""
+    correct, loss_sum = stage.test_scores(count)
+    return correct / count, loss_sum / count
 
 
 # -- checkpoints --------------------------------------------------------------------------------
@@ -196,11 +205,11 @@ def train(config: TrainConfig, data=None, stage=None) -> dict:
     """Train as configured and return the history (also stored in every checkpoint).
 
     ``data`` = (train_x, train_y, test_x, test_y) already normalised, or None to load the dataset.
-    ``stage`` = a ready stage instance to train (its parameters are used as they are), or None to
-    build ``config.stage`` initialised with ``config.init`` and ``config.seed``.
+    ``stage`` = a ready stage instance to train (its network and parameters are used as they are), or
+    None to build ``config.stage`` for ``config.model``, initialised with ``config.init`` and ``config.seed``.
     """
     config.check()
-    net = get_network(config.model)
+    net = stage.net if stage is not None else get_network(config.model)
     train_x, train_y, test_x, test_y = data if data is not None else load_dataset(config)
     if tuple(train_x.shape[1:]) != net.input_shape:
         raise ValueError(f"model {config.model} expects images {net.input_shape}, data has {train_x.shape[1:]}")
@@ -219,13 +228,15 @@ def train(config: TrainConfig, data=None, stage=None) -> dict:
         rng.bit_generator.state = saved["rng_state"]
         history, start_epoch, start_batch = saved["history"], saved["epoch"], saved["batch"]
 
+    stage.load_dataset(train_x, train_y, test_x, test_y)
     for epoch in range(start_epoch, config.epochs):
         epoch_rng_state = rng.bit_generator.state
         order = rng.permutation(len(train_x))
-        _train_epoch(config, stage, epoch, start_batch, order, train_x, train_y, test_x, test_y,
-                     steps_per_epoch, epoch_rng_state, history)
+        lrs = [lr_at(config, epoch * steps_per_epoch + batch, steps_per_epoch) for batch in range(steps_per_epoch)]
+        stage.begin_epoch(order, lrs, config.batch_size, config.momentum, config.weight_decay)
+        _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, len(test_x), epoch_rng_state, history)
         start_batch = 0
-        accuracy, loss = evaluate(stage, test_x, test_y)
+        accuracy, loss = evaluate_loaded(stage, len(test_x))
         history["epochs"].append({"epoch": epoch + 1, "test_accuracy": accuracy, "test_loss": loss,
                                   "train_seconds": history["train_seconds"],
                                   "step": (epoch + 1) * steps_per_epoch})
@@ -238,33 +249,49 @@ def train(config: TrainConfig, data=None, stage=None) -> dict:
     return history
 
 
-def _train_epoch(config, stage, epoch, start_batch, order, train_x, train_y, test_x, test_y,
-                 steps_per_epoch, epoch_rng_state, history):
-    """One pass over the shuffled training set, from batch ``start_batch`` on."""
+def next_sync(config: TrainConfig, stage, step: int, epoch_end: int) -> int:
+    """The first global step count after ``step`` at which the host must look: the stage's sync
+    interval, an evaluation (--eval-every), a checkpoint (--checkpoint-every) or the epoch's end."""
+    candidates = [step + stage.steps_per_sync, epoch_end]
+    for every in (config.eval_every, config.checkpoint_every if config.checkpoint else 0):
+        if every:
+            candidates.append(step + every - step % every)
+    return min(candidates)
+
+
+def _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, test_count, epoch_rng_state, history):
+    """One pass over the epoch's batches, from ``start_batch`` on, in requests of ``run_steps``."""
     bar = _progress_bar(steps_per_epoch, start_batch, epoch, config.progress)
     last_accuracy = history["epochs"][-1]["test_accuracy"] if history["epochs"] else float("nan")
-    for batch in range(start_batch, steps_per_epoch):
-        step = epoch * steps_per_epoch + batch
-        lr = lr_at(config, step, steps_per_epoch)
-        indices = order[batch * config.batch_size:(batch + 1) * config.batch_size]
-        started = time.perf_counter()
-        loss = stage.train_step(train_x[indices], train_y[indices], lr, config.momentum, config.weight_decay)
+    batch = start_batch
+    while batch < steps_per_epoch:
+        first_step = epoch * steps_per_epoch        # sync points are counted in global steps
+        end = next_sync(config, stage, first_step + batch, first_step + steps_per_epoch) - first_step
+        started, before = time.perf_counter(), history["train_seconds"]
+        losses = stage.run_steps(batch, end - batch)
         elapsed = time.perf_counter() - started
-        if not math.isfinite(loss):
-            bar.close()
-            raise TrainingDiverged(divergence_message(config, loss, epoch, batch, lr))
-        history["train_seconds"] += elapsed
-        history["steps"].append([step + 1, loss, lr, history["train_seconds"]])
-        if config.eval_every and (step + 1) % config.eval_every == 0:
-            subset = slice(0, config.eval_subset)
-            accuracy, test_loss = evaluate(stage, test_x[subset], test_y[subset])
-            history["evals"].append([step + 1, accuracy, test_loss, history["train_seconds"]])
+        for offset, loss in enumerate(losses):
+            step = epoch * steps_per_epoch + batch + offset
+            lr = float(stage.plan.lrs[batch + offset])
+            if not math.isfinite(loss):
+                bar.close()
+                raise TrainingDiverged(divergence_message(config, loss, epoch, batch + offset, lr))
+            seconds = before + elapsed * (offset + 1) / len(losses)
+            history["steps"].append([step + 1, float(loss), lr, seconds])
+        history["train_seconds"] = before + elapsed
+        step_after = epoch * steps_per_epoch + end
+        if config.eval_every and step_after % config.eval_every == 0:
+            subset = min(config.eval_subset, test_count)
+            accuracy, test_loss = evaluate_loaded(stage, subset)
+            history["evals"].append([step_after, accuracy, test_loss, history["train_seconds"]])
             last_accuracy = accuracy
         shown_accuracy = "n/a" if math.isnan(last_accuracy) else f"{last_accuracy:.2%}"   # none measured yet
-        bar.set_postfix(loss=f"{loss:.4f}", test_acc=shown_accuracy, img_s=f"{config.batch_size / elapsed:,.0f}")
-        bar.update(1)
-        if config.checkpoint and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-            save_checkpoint(config.checkpoint, stage, config, epoch, batch + 1, epoch_rng_state, history)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", test_acc=shown_accuracy,
+                        img_s=f"{len(losses) * config.batch_size / elapsed:,.0f}")
+        bar.update(end - batch)
+        if config.checkpoint and config.checkpoint_every and step_after % config.checkpoint_every == 0:
+            save_checkpoint(config.checkpoint, stage, config, epoch, end, epoch_rng_state, history)
+        batch = end
     bar.close()
 
 

@@ -46,6 +46,13 @@ def is_device_array(value) -> bool:
     return hasattr(value, "copy_to_host") and hasattr(value, "shape")
 
 
+def count_arrays(value) -> int:
+    """Device arrays in a kernel argument: numba passes the arrays inside a tuple one by one, at the same cost."""
+    if isinstance(value, tuple):
+        return sum(map(count_arrays, value))
+    return int(is_device_array(value))
+
+
 class StreamLaunchCounter(LaunchCounter):
     """Counts launches (and their array arguments) and queues every kernel on ``stream``."""
 
@@ -56,7 +63,7 @@ class StreamLaunchCounter(LaunchCounter):
 
     def __call__(self, kernel, grid, block, *args) -> None:
         self.count += 1
-        self.array_args += sum(map(is_device_array, args))
+        self.array_args += sum(map(count_arrays, args))
         kernel[grid, block, self.stream](*args)
 
 

@@ -2,9 +2,12 @@
 
 Each fix is a switch (``CudaTunedStage(net, fixes=...)``), so each is checked on its own on a
 tiny network in the simulator, and all of them together on the reduced LeNet-5 / AlexNet-small and
-on a network that breaks the fusion patterns. The dataset API (resident data, shuffling by index
-on the device, the overlapped copies of ``train_steps``) is checked against stage 2 fed the same
-batches. Timings are never asserted: the ablation that measures the fixes refuses to run here.
+on a network that breaks the fusion patterns. The epoch API (``load_dataset``, ``begin_epoch``,
+``run_steps``, ``test_scores``: resident data, the loop on the device, the overlapped copies) is
+checked against stage 2 fed the same batches, and so is the trainer driving it. In the simulator
+``cuda-graph`` runs its steps eagerly (there is nothing to capture); the tests marked ``gpu``
+prove that the replayed graphs equal the eager steps bit for bit. Timings are never asserted:
+the ablation that measures the fixes refuses to run here.
 """
 
 from functools import partial
@@ -37,9 +40,12 @@ def tuned(*fixes):
     return partial(CudaTunedStage, fixes=with_requirements(*fixes))
 
 
-@pytest.mark.parametrize("fix", [fix for fix in FIXES if fix != "resident-data"])
+EPOCH_FIXES = ("resident-data", "device-epoch", "cuda-graph")      # change nothing on the train_step path
+
+
+@pytest.mark.parametrize("fix", [fix for fix in FIXES if fix not in EPOCH_FIXES])
 def test_each_fix_alone_trains_like_numpy(fix):
-    """(resident-data changes nothing on the train_step path: test_dataset_api_... runs its own.)"""
+    """(The epoch fixes act on run_steps: test_epoch_api_matches_numpy_fed_the_same_batches runs them.)"""
     compare_training(tuned(fix), TINY, batch=2)
 
 
@@ -49,42 +55,94 @@ def test_all_fixes_train_like_numpy(net_name):
     assert stage.fixes == FIXES and stage.launches_per_step() == LAUNCHES[net_name][0]
 
 
-def test_dataset_api_matches_numpy_fed_the_same_batches():
-    """train_steps over 3 samples in batches of 1: 4 steps cross an epoch (a reshuffle), resident and not."""
-    net, params = TINY, start_params(TINY)
-    rng = np.random.default_rng(11)
-    images = rng.standard_normal((3, *net.input_shape)).astype(np.float32)
-    labels = rng.integers(0, net.num_classes, 3)
+def epoch_data(net, samples=5, test=3, seed=11):
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal((samples + test, *net.input_shape)).astype(np.float32)
+    labels = rng.integers(0, net.num_classes, samples + test)
+    return images[:samples], labels[:samples], images[samples:], labels[samples:]
+
+
+def run_epoch(stage, data, order, lrs, batch, requests):
+    """load_dataset, begin_epoch, then run_steps for each (first, count) of ``requests``: the losses."""
+    stage.load_dataset(*data)
+    stage.begin_epoch(order, lrs, batch, HYPER["momentum"], HYPER["weight_decay"])
+    return np.concatenate([stage.run_steps(first, count) for first, count in requests])
+
+
+# kernels a step — every fix: gather 1, forward 3 (conv, dense, dense + loss), backward 7 (the conv's dz, dW and
+# the sum of its splits; dW and dX of each dense), SGD 1, loss log 1; resident data: gather + stage 6's 16
+# (forward 6, backward 9, update 1); the others copy their batch: stage 6's 16
+@pytest.mark.parametrize("fixes, launches", [(FIXES, 13), (("resident-data",), 17),
+                                             (("pinned-buffers", "overlap-copies"), 16), ((), 16)],
+                         ids=["all-fixes", "resident-data", "overlap-copies", "none"])
+def test_epoch_api_matches_numpy_fed_the_same_batches(fixes, launches):
+    """5 steps of batch 2 over 10 orderings of 5 samples, asked for in requests of 2, 2 and 1 steps."""
+    net, params, data = TINY, start_params(TINY), epoch_data(TINY)
+    order, lrs = np.random.default_rng(5).permutation(10) % 5, np.linspace(HYPER["lr"], HYPER["lr"] / 4, 5)
     ref = prepared(NumpyStage, net, np.float64, params)
-    expected = []
-    for epoch, batch in [(0, 0), (0, 1), (0, 2), (1, 0)]:
-        chosen = np.random.default_rng(5 + epoch).permutation(3)[batch:batch + 1]
-        expected.append(ref.train_step(images[chosen].astype(np.float64), labels[chosen], **HYPER))
-    # kernels a step: all fixes = gather 1, forward 3, backward 6 (one zeroing, 2 + 2 dense, 1 conv), update 1;
-    # pinned + overlapped copies change no kernel: stage 6's 16 (forward 6, backward 9, update 1)
-    for fixes, launches in [(FIXES, 11), (("pinned-buffers", "overlap-copies"), 16)]:
-        stage = prepared(partial(CudaTunedStage, fixes=fixes), net, np.float32, params)
-        stage.load_dataset(images, labels, seed=5)
-        losses = stage.train_steps(2, 1, **HYPER)
-        with AllocationCounter() as allocations:           # both input buffer sets exist: nothing new on the device
-            losses += stage.train_steps(2, 1, **HYPER)
-        assert allocations.count == 0, (fixes, allocations.calls)
-        assert rel_error(np.array(losses), np.array(expected)) < TOL, fixes
-        assert rel_error(stage.get_params(), ref.get_params()) < TOL, fixes
-        assert stage.launches_per_step() == launches, fixes
-    with pytest.raises(ValueError, match="outside the 3 samples"):
-        stage.load_batch_at(2, 2)
+    expected = run_epoch(ref, data, order, lrs, 2, [(0, 5)])
+    stage = prepared(partial(CudaTunedStage, fixes=with_requirements(*fixes)), net, np.float32, params)
+    losses = run_epoch(stage, data, order, lrs, 2, [(0, 2)])
+    with AllocationCounter() as allocations:           # buffers, graphs' inputs, both input sets exist by now
+        losses = np.concatenate([losses, stage.run_steps(2, 2), stage.run_steps(4, 1)])
+    assert allocations.count == 0, allocations.calls
+    assert rel_error(losses, expected) < TOL
+    assert rel_error(stage.get_params(), ref.get_params()) < TOL
+    correct, loss_sum = stage.test_scores()
+    assert correct == ref.test_scores()[0] and loss_sum == pytest.approx(ref.test_scores()[1], rel=TOL)
+    assert stage.launches_per_step() == launches
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")    # the simulator computes the overflow with numpy scalars
+def test_device_epoch_flags_the_first_non_finite_loss():
+    """A rate that blows up: the loss log turns NaN/inf, and the device's flag names the first such step."""
+    data = epoch_data(TINY, samples=6)
+    stage = prepared(CudaTunedStage, TINY, np.float32, start_params(TINY))
+    losses = run_epoch(stage, data, np.arange(6), np.array([0.05, 1e30, 0.05]), 2, [(0, 3)])
+    assert np.isfinite(losses[:2]).all() and not np.isfinite(losses[2])
+    assert stage.epoch_state.first_bad_step() == 2
+
+
+def test_trainer_drives_the_device_epoch_like_numpy(tmp_path):
+    """cnn.train.train with cuda-tuned (requests of SYNC_EVERY steps, cut at every checkpoint) = with numpy;
+    and a run stopped after its first checkpoint resumes mid-epoch to the same result."""
+    from cnn.train import TrainConfig, train
+
+    net = NETWORKS["lenet5-reduced"]
+    data = epoch_data(net, samples=8, test=4)
+    config = dict(model="lenet5", epochs=2, batch_size=2, lr=0.05, progress=False, checkpoint_every=3)
+    runs = {}
+    for name, stage_class, dtype in [("numpy", NumpyStage, np.float64), ("cuda-tuned", CudaTunedStage, np.float32)]:
+        stage = prepared(stage_class, net, dtype, start_params(net))
+        runs[name] = train(TrainConfig(**config, checkpoint=str(tmp_path / f"{name}.npz")), data, stage=stage)
+    losses = {name: np.array([step[1] for step in run["steps"]]) for name, run in runs.items()}
+    assert len(losses["cuda-tuned"]) == 8 and rel_error(losses["cuda-tuned"], losses["numpy"]) < TOL
+    assert runs["cuda-tuned"]["epochs"][-1]["test_accuracy"] == runs["numpy"]["epochs"][-1]["test_accuracy"]
+
+
+def test_tiled_training_is_reproducible_bit_for_bit():
+    """No atomics anywhere in the step: two runs from the same start end in the same bits (on a GPU, where
+    stage 5's atomics land in a different order every run, this is what tiled-conv buys)."""
+    net, data = NETWORKS["lenet5-reduced"], epoch_data(NETWORKS["lenet5-reduced"], samples=4)
+    results = []
+    for _ in range(2):
+        stage = prepared(CudaTunedStage, net, np.float32, start_params(net))
+        losses = run_epoch(stage, data, np.arange(4), np.full(2, HYPER["lr"]), 2, [(0, 2)])
+        results.append((losses, stage.get_params()))
+    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
 
 
 def test_counts_per_step_after():
-    """The profile's counts with every fix: no host→device copy, no allocation, 11 launches (stage 6: 2 copies, 16)."""
+    """The profile's counts with every fix, over one request of 4 steps: 13 kernels a step (every one
+    reading the step from the device), no allocation; one upload (the step counter) and two downloads
+    (the loss log and the flags) for the whole request, where stage 6 copies 2 and 1 every step."""
     rng = np.random.default_rng(0)
-    images, labels = rng.standard_normal((4, *TINY.input_shape)).astype(np.float32), rng.integers(0, 3, 4)
+    images, labels = rng.standard_normal((6, *TINY.input_shape)).astype(np.float32), rng.integers(0, 3, 6)
     stage = CudaTunedStage(TINY).init("he", 0)
-    counts = step_census(stage, census_runner(stage, images, labels, 1, (0.01, 0.9, 0.0)), steps=1)
-    assert counts["copies_to_device"] == 0 and counts["device_allocations"] == 0 and counts["launches"] == 11
-    assert counts["copies_to_host"] == 1                     # the loss (the ring's gradient copy is not counted)
-    assert counts["modelled_launch_us"] == pytest.approx(6.6 * 11 + 3.5 * counts["array_args"])
+    counts = step_census(stage, census_runner(stage, images, labels, 1, (0.01, 0.9, 0.0)), steps=4)
+    assert counts["launches"] == 13 and counts["device_allocations"] == 0
+    assert counts["copies_to_device"] == 1 / 4 and counts["copies_to_host"] == 2 / 4
+    assert counts["modelled_launch_us"] == pytest.approx(6.6 * 13 + 3.5 * counts["array_args"])
 
 
 def test_census_table_in_the_docstring_is_what_the_code_counts(capsys):
@@ -160,13 +218,34 @@ def test_full_size_networks_train_like_numpy(net, batch, fixes):
 
 
 @pytest.mark.gpu
-def test_full_size_dataset_api():
-    net = lenet5()
+@pytest.mark.parametrize("net", [lenet5(), alexnet_small()], ids=lambda net: net.name)
+def test_full_size_epoch_on_the_device_equals_host_batches(net):
+    """All fixes (graphs replayed from the third step on) against no fix, 12 steps of batch 64 at full size."""
     rng = np.random.default_rng(0)
-    images, labels = rng.standard_normal((256, *net.input_shape)).astype(np.float32), rng.integers(0, 10, 256)
+    data = (rng.standard_normal((768, *net.input_shape)).astype(np.float32), rng.integers(0, 10, 768), None, None)
+    order, lrs = rng.permutation(768), np.full(12, 0.01)
     losses = {}
     for fixes in (FIXES, ()):
         stage = CudaTunedStage(net, fixes=fixes).init("he", 0)
-        stage.load_dataset(images, labels, seed=1)
-        losses[fixes] = stage.train_steps(6, 64, 0.01, 0.9, 5e-4)
-    assert rel_error(np.array(losses[FIXES]), np.array(losses[()])) < 1e-4
+        losses[fixes] = run_epoch(stage, data, order, lrs, 64, [(0, 5), (5, 7)])
+    assert rel_error(losses[FIXES], losses[()]) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("net", [lenet5(), alexnet_small()], ids=lambda net: net.name)
+def test_graph_replays_equal_eager_steps_bit_for_bit(net):
+    """cuda-graph against the same step queued kernel by kernel: identical losses and parameters after
+    30 steps (tiled-conv has no atomics, so the two can be compared bit for bit)."""
+    rng = np.random.default_rng(1)
+    data = (rng.standard_normal((640, *net.input_shape)).astype(np.float32), rng.integers(0, 10, 640), None, None)
+    order, lrs = rng.permutation(640), np.linspace(0.02, 0.01, 30)
+    results = {}
+    for fixes in (FIXES, tuple(fix for fix in FIXES if fix != "cuda-graph")):
+        stage = CudaTunedStage(net, fixes=fixes).init("he", 0)
+        stage.load_dataset(*data)
+        stage.begin_epoch(np.concatenate([order] * 3), lrs, 64, 0.9, 5e-4)
+        losses = np.concatenate([stage.run_steps(first, 10) for first in (0, 10, 20)])
+        results[fixes] = (losses, stage.get_params(), stage.launches_per_step())
+    graph, eager = results[FIXES], results[tuple(fix for fix in FIXES if fix != "cuda-graph")]
+    assert graph[2] == 1 and eager[2] > 10
+    assert np.array_equal(graph[0], eager[0]) and np.array_equal(graph[1], eager[1])

@@ -6,6 +6,7 @@ import pytest
 from cnn.gradcheck import rel_error
 from cnn.model import INIT_SCHEMES, LOGITS_SCALE, get_network, init_params, param_views
 from cnn.stages import get_stage
+from cnn.stages.base import Stage
 from cnn.train import (TrainConfig, TrainingDiverged, evaluate, load_checkpoint, lr_at, save_checkpoint,
                        train)
 
@@ -74,6 +75,8 @@ def test_training_learns_and_records_history():
 
 class InterruptAfter:
     """Wraps a stage; raises KeyboardInterrupt on the n-th training step, as a user's Ctrl-C would."""
+
+    run_steps = Stage.run_steps          # the default epoch loop, calling this wrapper's train_step
 
     def __init__(self, stage, steps):
         self.stage, self.steps_left = stage, steps

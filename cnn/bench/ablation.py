@@ -3,21 +3,21 @@
 Rows (``ablation_variants``): ``cuda-ring`` (no fix); each fix alone, on top of the fixes it
 needs, against a baseline of just those; then the fixes added one by one in course order, each
 against the row before. A row's ``speedup_vs_baseline`` is therefore what that one fix bought.
-Every variant trains on the same random dataset through stage 7's dataset API
-(``load_dataset`` / ``train_steps``), so resident data and overlapped copies count too.
+Every variant trains on the same random dataset through the epoch API the trainer uses
+(``load_dataset`` / ``begin_epoch`` / ``run_steps``), so resident data, overlapped copies, the
+loop on the device and the CUDA graphs count too.
 
-Writes ``benchmarks/results/ablation-MACHINE-GPU-DATE.json``: the bench header
+Writes ``benchmarks/results/ablation-MODEL-bBATCH-MACHINE-GPU-DATE.json``: the bench header
 (``"kind": "ablation"``) with ``model``, ``batch_size`` and ``rows``; refuses in Numba's simulator,
 whose kernel times mean nothing.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from cnn.bench.results import results_header, write_results
+from cnn.bench.back_to_back import EpochLoop, timed_runs
+from cnn.bench.results import results_header, workload, write_results
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.s7_cuda_tuned import FIXES, CudaTunedStage, with_requirements
@@ -36,25 +36,21 @@ def ablation_variants() -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
     return rows
 
 
-def time_variant(net, fixes, images, labels, batch_size, hyper, steps: int, repeats: int = 7, warmup: int = 5) -> dict:
-    """Milliseconds a step of ``train_steps(steps)`` takes (loss fetched every step, as the trainer does).
+def time_variant(net, fixes, images, labels, batch_size, hyper, steps: int, repeats: int = 7) -> dict:
+    """Milliseconds a step, ``steps`` steps run as the trainer runs them (``cnn.bench.back_to_back``).
 
-    Wall-clock time of whole ``train_steps`` calls (the pipelined copies of overlap-copies live
-    inside one call) divided by ``steps``; median and quartiles over ``repeats`` calls.
+    One call of the epoch loop runs ``steps`` steps in requests of the stage's ``steps_per_sync``
+    (1 without device-epoch: the loss fetched every step; the pipelined copies of overlap-copies
+    live inside a request), ending in one synchronisation; median and quartiles over ``repeats``
+    calls, after a warm-up call (compilation, buffers, and the CUDA graphs of cuda-graph).
     """
     stage = CudaTunedStage(net, fixes=fixes).init("he", 0)
-    stage.load_dataset(images, labels)
-    stage.train_steps(warmup, batch_size, *hyper)
-    stage.synchronize()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        stage.train_steps(steps, batch_size, *hyper)
-        stage.synchronize()
-        samples.append((time.perf_counter() - started) * 1e3 / steps)
-    return {"median_ms": float(np.median(samples)), "q1_ms": float(np.percentile(samples, 25)),
-            "q3_ms": float(np.percentile(samples, 75)), "steps": steps, "repeats": repeats,
-            "launches_per_step": stage.launches_per_step()}
+    batches = [(images[start:start + batch_size], labels[start:start + batch_size])
+               for start in range(0, len(images) - batch_size + 1, batch_size)]
+    timed = timed_runs(EpochLoop(stage, batches, hyper, steps_per_epoch=len(batches)), stage.synchronize,
+                        steps, repeats)
+    return {"median_ms": timed["median"], "q1_ms": timed["q1"], "q3_ms": timed["q3"], "steps": steps,
+            "repeats": repeats, "launches_per_step": stage.launches_per_step()}
 
 
 def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, progress=print) -> dict:
@@ -82,6 +78,7 @@ def cmd_ablation(args) -> int:
     """``--ablation --model M --batch-size B [--ablation-steps N]``: time the variants, write the results file."""
     get_stage("cuda-tuned")                    # StageUnavailable: one line, why and what to try
     result = ablation(args.model, args.batch_size, args.ablation_steps)
-    path = write_results(args.out, "ablation", {**results_header("ablation"), **result})
+    path = write_results(args.out, f"ablation-{workload(args.model, args.batch_size)}",
+                         {**results_header("ablation"), **result})
     print(f"results: {path}")
     return 0

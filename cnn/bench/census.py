@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cnn.bench.back_to_back import EpochLoop
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.s6_cuda_ring import CudaRingStage
@@ -41,7 +42,8 @@ def step_census(stage, run_steps, steps: int = 2) -> dict:
     with CopyCounter() as copies, AllocationCounter() as allocations:
         run_steps(steps)
         stage.synchronize()
-    ring_copies = steps if hasattr(stage, "ring") else 0        # one gradient copy a step on the copy stream
+    # one gradient copy a step on the ring's copy stream (none when the whole step runs on the device)
+    ring_copies = steps if hasattr(stage, "ring") and getattr(stage, "epoch_state", None) is None else 0
     per_step = {"launches": (stage.launch.count - launches) / steps,
                 "array_args": (getattr(stage.launch, "array_args", 0) - array_args) / steps,
                 "copies_to_device": copies.to_device / steps, "bytes_to_device": copies.bytes_to_device / steps,
@@ -52,19 +54,13 @@ def step_census(stage, run_steps, steps: int = 2) -> dict:
 
 
 def census_runner(stage, images, labels, batch_size, hyper):
-    """``run_steps(n)`` for ``step_census``: train_steps when the stage has the dataset API, else train_step."""
-    if isinstance(stage, CudaTunedStage):
-        stage.load_dataset(images, labels)
-        return lambda n: stage.train_steps(n, batch_size, *hyper)
-
-    def run_steps(n):
-        for step in range(n):
-            chosen = slice((step * batch_size) % (len(images) - batch_size + 1), None)
-            stage.train_step(images[chosen][:batch_size], labels[chosen][:batch_size], *hyper)
-    return run_steps
+    """``run_steps(n)`` for ``step_census``: n steps through the stage's epoch API, as the trainer runs them."""
+    batches = [(images[start:start + batch_size], labels[start:start + batch_size])
+               for start in range(0, len(images) - batch_size + 1, batch_size)]
+    return EpochLoop(stage, batches, hyper, steps_per_epoch=len(batches))
 
 
-def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 2,
+def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 4,
                  reduced_copy: bool = False) -> str:
     """The before/after count table of stage 7's docstring (cuda-ring against cuda-tuned), as text.
 
@@ -75,7 +71,7 @@ def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps:
     for model in models:
         net = get_network(model, reduced_copy)
         rng = np.random.default_rng(0)
-        images = rng.standard_normal((4 * batch_size, *net.input_shape)).astype(np.float32)
+        images = rng.standard_normal(((2 + steps) * batch_size, *net.input_shape)).astype(np.float32)
         labels = rng.integers(0, net.num_classes, len(images))
         for stage_class in (CudaRingStage, CudaTunedStage):
             stage = stage_class(net).init("he", 0)

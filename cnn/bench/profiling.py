@@ -2,7 +2,11 @@
 
 On the host, a profile of the steps (pyinstrument when installed, else cProfile by cumulative
 time); on a GPU, the device time of every kernel, from CUDA events put around each launch by
-``KernelTimer``.
+``KernelTimer``. Those steps are also the range Nsight Compute records when started with
+``--profile-from-start off`` (``benchmarks/gpu_session.sh profile`` does that)::
+
+    ncu --profile-from-start off --clock-control none --csv --metrics gpu__time_duration.sum,\
+        sm__throughput.avg.pct_of_peak_sustained_elapsed python -m cnn bench --profile cuda-tuned --steps 2
 """
 
 from __future__ import annotations
@@ -98,8 +102,12 @@ def profile_stage(name: str, net, batches, args) -> str:
     elif cuda_unavailable_reason():
         lines.append(f"per-kernel device times: only on a GPU ({cuda_unavailable_reason()})")
     else:
+        from numba import cuda
+
+        cuda.profile_start()          # the range Nsight Compute records with --profile-from-start off
         with KernelTimer() as timer:
             steps_call()
+        cuda.profile_stop()
         lines.append(kernel_table(timer.summary(), steps))
     return "\n".join(lines)
 

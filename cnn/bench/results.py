@@ -74,8 +74,14 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:48] or "unknown"
 
 
+def workload(model: str, batch_size: int) -> str:
+    """``MODEL-bBATCH``, the part of a results file's name that keeps two workloads of one day apart."""
+    return f"{model}-b{batch_size}"
+
+
 def results_stem(kind: str, machine: dict, created: str) -> str:
-    """``KIND-MACHINE-DEVICE-DATE``: e.g. bench-intel-xeon-processor-cpu-2025-11-22."""
+    """``KIND-MACHINE-DEVICE-DATE``: e.g. bench-lenet5-b64-intel-xeon-processor-cpu-2025-11-22
+    (a benchmark's kind carries its ``workload``)."""
     device = slug(machine["gpu"]["name"]) if machine.get("gpu") else "cpu"
     return f"{kind}-{slug(machine['cpu'])}-{device}-{created[:10]}"
 
@@ -106,14 +112,15 @@ def load_results(path) -> dict:
 
 
 def newest_results(out_dir) -> list[Path]:
-    """The newest bench results file of each machine/device in ``out_dir``."""
+    """The newest bench results file of each machine/device and workload in ``out_dir``."""
     newest = {}
     for path in sorted(Path(out_dir).glob("bench-*.json")):
         try:
             result = load_results(path)
         except ValueError:
             continue
-        key = results_stem("bench", result["machine"], "")
+        config = result.get("config", {})
+        key = results_stem(f"bench-{workload(config.get('model'), config.get('batch_size'))}", result["machine"], "")
         if key not in newest or result["created"] > newest[key][1]["created"]:
             newest[key] = (path, result)
     return [path for path, _ in sorted(newest.values(), key=lambda item: item[1]["created"])]

@@ -14,7 +14,7 @@ What one run does::
 A stage that is slow (stage 1 ``loops`` takes seconds per LeNet-5 step) is timed only as many
 steps as ``--budget`` seconds allow (at least ``--min-steps``); the table says so.
 
-The results file (``benchmarks/results/bench-MACHINE-DEVICE-DATE.json``): the header of
+The results file (``benchmarks/results/bench-MODEL-bBATCH-MACHINE-DEVICE-DATE.json``): the header of
 ``cnn.bench.results`` with ``"kind": "stages"``, then::
 
      "config": {model, batch_size, dtype, data, steps, warmup, min_steps, budget_s, seed, lr, momentum,
@@ -30,6 +30,9 @@ The results file (``benchmarks/results/bench-MACHINE-DEVICE-DATE.json``): the he
            "host_phases_ms" (CUDA only: perf_counter around the same phases),
            "images_per_s", "peak_host_rss_bytes", "device_bytes" (CUDA only),
            "launches_per_step" (0 on the CPU, null when a CUDA stage does not say),
+           "back_to_back_ms": stats, "back_to_back_steps" (N steps with one synchronisation at the end,
+           ``cnn.bench.back_to_back``; absent for a stage too slow for the budget),
+           "graph_ms" (PyTorch on CUDA only: the step captured as one CUDA graph, replayed back to back),
            "speedup_vs_previous", "speedup_vs_first", "ratio_to_reference": {reference: t_ref / t_stage}}
     stats = {"median", "q1", "q3", "min", "max", "n"}   (milliseconds)
 """
@@ -42,9 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cnn.bench.back_to_back import stage_back_to_back, torch_back_to_back
 from cnn.bench.measure import (EventClock, clock_for, device_bytes_in_use, peak_rss_bytes, repetitions,
                                reset_peak_rss, simulator_on, summarize)
-from cnn.bench.results import results_header, results_stem, write_json
+from cnn.bench.results import results_header, results_stem, workload, write_json
 from cnn.bench.tables import markdown_table
 from cnn.bench.workload import benchmark_batches, course_hyperparameters
 from cnn.formatting import PHASES
@@ -134,6 +138,17 @@ def time_steps(runner, clock, batches, args, hyper) -> dict:
     return row
 
 
+BACK_TO_BACK_SECONDS = 1.0     # steps a back-to-back run: about this long at the phase-timed step time
+
+
+def back_to_back_steps(row: dict, args) -> int | None:
+    """Steps of a back-to-back run (20-500), or None when 6 runs of 20 steps do not fit in the budget."""
+    step_s = row["step_ms"]["median"] / 1e3
+    if row["limited_by_budget"] or 6 * 20 * step_s > args.budget:
+        return None
+    return int(np.clip(BACK_TO_BACK_SECONDS / step_s, 20, 500))
+
+
 def measure_stage(name: str, stage_class, net, batches, args, hyper) -> dict:
     """One row of the table: a fresh stage, initialised with the shared seed, timed phase by phase."""
     reset_peak_rss()
@@ -141,6 +156,9 @@ def measure_stage(name: str, stage_class, net, batches, args, hyper) -> dict:
     stage = stage_class(net, np.dtype(args.dtype)).init("he", args.seed)
     row = {"name": name, "kind": "stage", "device": stage_class.device, "summary": stage_class.summary}
     row.update(time_steps(stage, clock_for(stage_class.device, stage.synchronize), batches, args, hyper))
+    steps = back_to_back_steps(row, args)
+    if steps:
+        row.update(stage_back_to_back(stage, batches, hyper, steps))
     row["peak_host_rss_bytes"] = peak_rss_bytes()
     if stage_class.device == "cuda":
         after = device_bytes_in_use()
@@ -170,6 +188,9 @@ def measure_reference(device: str, net, batches, args, hyper) -> dict:
     row = {"name": runner.name, "kind": "reference", "device": device,
            "summary": f"{runner.summary}; torch {torch.__version__}, {torch.get_num_threads()} threads"}
     row.update(time_steps(runner, clock_for(device, runner.synchronize, events="torch"), batches, args, hyper))
+    steps = back_to_back_steps(row, args)
+    if steps:
+        row.update(torch_back_to_back(runner, batches, hyper, steps))
     row["peak_host_rss_bytes"] = peak_rss_bytes()
     if device == "cuda":
         row["device_bytes"] = int(torch.cuda.max_memory_allocated())
@@ -284,7 +305,8 @@ def _measure_references(result, args, net, batches, hyper, progress):
 def save_benchmark(result: dict, out_dir, plots: bool = True) -> Path:
     """Write the results JSON (and its two plots) under ``out_dir``; return the JSON's path."""
     out_dir = Path(out_dir)
-    stem = results_stem("bench", result["machine"], result["created"])
+    config = result["config"]
+    stem = results_stem(f"bench-{workload(config['model'], config['batch_size'])}", result["machine"], result["created"])
     if plots and result["stages"]:
         from cnn import plots as pictures
 

@@ -10,7 +10,9 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     rows, refs = result["stages"], result["references"]
     first = rows[0]["name"] if rows else "first"
     device_memory = any(row.get("device_bytes") is not None for row in rows + refs)
-    header = ["#", "stage", "step ms (median, IQR/2)", *(PHASE_LABELS[p] for p in PHASES), "images/s",
+    graphs = any(row.get("graph_ms") for row in refs)
+    header = ["#", "stage", "step ms (median, IQR/2)", *(PHASE_LABELS[p] for p in PHASES), "back to back ms",
+              *(["as one CUDA graph ms"] if graphs else []), "images/s",
               "× previous", f"× {first}", *(f"× {ref['name']}" for ref in refs), "launches/step",
               "peak RSS MiB", *(["device MiB"] if device_memory else []), "timed steps"]
     cells = []
@@ -20,6 +22,8 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
             row["name"] if row["kind"] == "stage" else f"{row['name']} (reference)",
             f"{fmt_ms(row['step_ms']['median'])} {spread(row['step_ms'])}",
             *(fmt_ms(row["phases_ms"][phase]["median"]) for phase in PHASES),
+            fmt_ms(row["back_to_back_ms"]["median"]) if row.get("back_to_back_ms") else "—",
+            *([fmt_ms(row["graph_ms"]["median"]) if row.get("graph_ms") else "—"] if graphs else []),
             f"{row['images_per_s']:,.0f}" if row["images_per_s"] >= 10 else f"{row['images_per_s']:.2f}",
             fmt_factor(row.get("speedup_vs_previous")), fmt_factor(row.get("speedup_vs_first")),
             *(fmt_factor(row["ratio_to_reference"].get(ref["name"])) for ref in refs),
@@ -54,7 +58,9 @@ def table_notes(result: dict) -> list[str]:
     config = result["config"]
     notes = [f"Measured on {machine_line(result)}.",
              f"Times per training step in ms (median of the timed steps; CUDA stages by CUDA events, CPU stages "
-             f"by perf_counter, with synchronize() around every phase). × columns: how many times faster than "
+             f"by perf_counter, with synchronize() around every phase). Back to back: ms a step of N steps run as "
+             f"training runs them (the stage's run_steps; PyTorch without .item()), one synchronize() at the end. "
+             f"× columns: how many times faster than "
              f"that row (above 1 = faster). Peak RSS: the process's resident-memory high-water mark while the "
              f"stage ran (interpreter, libraries and data included). Command: `{result['command']}`."]
     load, cores = result["machine"].get("load_average"), result["machine"].get("cores") or 1

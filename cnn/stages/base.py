@@ -16,6 +16,20 @@ One training step is split into the phases the benchmark times separately::
 ``train_step`` chains them. Parameters, gradient and momentum are flat vectors
 laid out by ``cnn.model.param_views``; a GPU stage keeps them on the device and
 only copies them when asked through ``get_params`` / ``set_params``.
+
+The trainer drives a stage an epoch at a time, which lets a GPU stage keep the data and the loop
+on the device (stage 7's ``device-epoch`` and ``cuda-graph``)::
+
+    load_dataset(train_x, train_y, test_x, test_y)       once
+    begin_epoch(order, lrs, batch_size, momentum, wd)    each epoch: step s trains on the samples
+                                                         order[s·B:(s+1)·B] at learning rate lrs[s]
+    run_steps(first, count)                              steps first … first+count−1; their losses
+    test_scores(count)                                   (correct, summed loss) on the test set
+
+The defaults here run those with the phases above, a host batch a step, so a stage that does
+not override them (every CPU stage) trains exactly as ``train_step`` does. ``steps_per_sync``
+says how many steps the trainer asks for at once: 1 here, more where each request costs a wait
+for the device.
 """
 
 from __future__ import annotations
@@ -61,6 +75,34 @@ def sgd_momentum_update(params, velocity, grad, lr: float, momentum: float, weig
     params -= lr * velocity
 
 
+def score_batches(stage, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000) -> tuple[int, float]:
+    """(correct answers, summed cross-entropy) of ``stage.predict`` over a labelled set, a batch at a time."""
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(images), batch_size):
+        logits = stage.predict(images[start:start + batch_size]).astype(np.float64)
+        batch_labels = labels[start:start + batch_size]
+        correct += int((logits.argmax(axis=1) == batch_labels).sum())
+        loss_sum += softmax_cross_entropy(logits, batch_labels)[0] * len(batch_labels)
+    return correct, loss_sum
+
+
+class EpochPlan(NamedTuple):
+    """What ``begin_epoch`` was told: step s trains on order[s·B:(s+1)·B] at learning rate lrs[s]."""
+
+    order: np.ndarray
+    lrs: np.ndarray
+    batch_size: int
+    momentum: float
+    weight_decay: float
+
+    @property
+    def steps(self) -> int:
+        return len(self.lrs)
+
+    def batch_rows(self, step: int) -> np.ndarray:
+        return self.order[step * self.batch_size:(step + 1) * self.batch_size]
+
+
 class Stage:
     """Interface of every stage. Subclasses set ``name`` and implement the five phases."""
 
@@ -68,6 +110,7 @@ class Stage:
     summary: ClassVar[str] = ""
     device: ClassVar[str] = "cpu"          # "cpu" or "cuda"
     dtypes: ClassVar[tuple] = (np.float32, np.float64)
+    steps_per_sync: int = 1                # steps the trainer asks run_steps for at once
 
     def __init__(self, net: Network, dtype=np.float32):
         if np.dtype(dtype) not in [np.dtype(d) for d in self.dtypes]:
@@ -122,6 +165,36 @@ class Stage:
         self.forward()
         self.backward()
         return self.fetch_loss(), self.get_grad()
+
+    # -- an epoch at a time (the trainer's entry points) ----------------------------------------
+    def load_dataset(self, train_images, train_labels, test_images=None, test_labels=None) -> None:
+        """Keep the sets the epoch methods index into (a GPU stage may copy them to the device, once)."""
+        if len(train_images) != len(train_labels):
+            raise ValueError(f"stage {self.name!r}: {len(train_images)} training images but {len(train_labels)} labels")
+        self.train_set = (train_images, train_labels)
+        self.test_set = (test_images, test_labels)
+
+    def begin_epoch(self, order, lrs, batch_size: int, momentum: float, weight_decay: float) -> None:
+        """The epoch about to run: step s trains on samples order[s·B:(s+1)·B] at learning rate lrs[s]."""
+        order, lrs = np.asarray(order), np.asarray(lrs, dtype=np.float64)
+        if len(order) < len(lrs) * batch_size:
+            raise ValueError(f"stage {self.name!r}: {len(lrs)} steps of {batch_size} need {len(lrs) * batch_size} "
+                             f"samples in the order, got {len(order)}")
+        self.plan = EpochPlan(order, lrs, batch_size, momentum, weight_decay)
+
+    def run_steps(self, first: int, count: int) -> np.ndarray:
+        """Steps first … first + count − 1 of the epoch, one ``train_step`` each; their losses (float64)."""
+        (images, labels), plan = self.train_set, self.plan
+        losses = np.empty(count)
+        for i, step in enumerate(range(first, first + count)):
+            rows = plan.batch_rows(step)
+            losses[i] = self.train_step(images[rows], labels[rows], plan.lrs[step], plan.momentum, plan.weight_decay)
+        return losses
+
+    def test_scores(self, count: int | None = None) -> tuple[int, float]:
+        """(correct answers, summed cross-entropy) on the first ``count`` samples of the loaded test set."""
+        images, labels = self.test_set
+        return score_batches(self, images[:count], labels[:count])
 
 
 class Ops(NamedTuple):

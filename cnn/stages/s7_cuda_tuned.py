@@ -7,29 +7,34 @@ its own — the ablation ``python -m cnn bench --ablation`` (``cnn/bench/ablatio
 The profile first (``cuda-ring``, where the time goes)
 -------------------------------------------------------
 Counted per training step in Numba's CUDA simulator by ``cnn/bench/census.py`` (counts are exact
-there; times are not, so none is given). LeNet-5 and AlexNet-small, batch 2 — every count but
-the bytes is the same at any batch size and layer width; bytes are per sample:
+there; times are not, so none is given). LeNet-5 and AlexNet-small, batch 2, 4 steps run as the
+trainer runs them (``run_steps``: one request of 4 steps) — every count but the bytes is the same
+at any batch size and layer width; bytes are per sample:
 
     python -m cnn bench --census                            (in the simulator add --reduced:
                                                              at full width it takes tens of minutes)
 
     per training step                          LeNet-5               AlexNet-small
                                         cuda-ring  cuda-tuned   cuda-ring  cuda-tuned
-    kernel launches                            26          16          30          18
-    array arguments of those launches          81          75          96          88
-    host→device copies                          2           0           2           0
-      bytes per sample                       3140           0       12292           0
-    device→host copies (besides the ring)       1           1           1           1
+    kernel launches                            26          21          30          26
+    array arguments of those launches          81          87          96         105
+    host→device copies                          2        0.25           2        0.25
+      bytes per sample                       3140           1       12292           1
+    device→host copies (besides the ring)       1         0.5           1         0.5
     device allocations after warm-up            0           0           0           0
-    modelled host launch cost (µs)          455.1       368.1       534.0       426.8
+    modelled host launch cost (µs)          455.1       443.1       534.0       539.1
 
 (Counted in the simulator with ``--reduced``, on the narrow copies of the two networks that the
 tests use — same layers, so the same launches and arguments; the bytes are the full-size images'
-28·28·4 and 3·32·32·4, plus a 4-byte label.)
+28·28·4 and 3·32·32·4, plus a 4-byte label. cuda-tuned's copies are per request: the step
+counter up, the loss log and the flags down, once for the 4 steps; the trainer asks for
+``SYNC_EVERY`` = 100 at a time.)
 
 The last row is a model, not a measurement: 6.6 µs a launch plus 3.5 µs an array argument,
-numba-cuda's own numbers (NVIDIA/numba-cuda#288). At ~0.5 ms it is the same order as the
-0.5 ms AlexNet-small target for the whole step: launches and host work are the first thing to cut.
+numba-cuda's own numbers (NVIDIA/numba-cuda#288) — and an H100 measured far more: 28 µs for a
+launch with one array argument, 88 µs with eight (``docs/profiling.md``). Counted kernel by kernel,
+cuda-tuned queues as many as cuda-ring (the tiled convolutions take 3–4 kernels a block where the
+push kernels took 1–2); with ``cuda-graph`` on a GPU all of them are ONE graph launch a step.
 
 Where the device time goes, per kernel, and the host profile (cProfile or pyinstrument) come
 from a GPU — NOT YET MEASURED ON A GPU. Fill in from a GPU machine with::
@@ -41,12 +46,12 @@ from a GPU — NOT YET MEASURED ON A GPU. Fill in from a GPU machine with::
 
 The fixes (``FIXES``, in the order the ablation adds them)
 ---------------------------------------------------------
-    resident-data   the training set lives on the device (``load_dataset``); ``shuffle`` uploads one
-                    index vector an epoch; one gather kernel makes each batch (``kernels/gather.py``).
-                    No host→device copy and no host-side gather per step.
+    resident-data   the training and test sets live on the device (``load_dataset``); ``begin_epoch``
+                    uploads the epoch's order once; one gather kernel makes each batch
+                    (``kernels/gather.py``): no host→device copy and no host-side gather per step.
     pinned-buffers  batches (when not resident) and the loss go through preallocated pinned host
                     buffers: DMA straight from them, no staging copy by the driver.
-    overlap-copies  ``train_steps`` copies batch t+1 to the device on a second stream, into a second
+    overlap-copies  ``run_steps`` copies batch t+1 to the device on a second stream, into a second
                     set of input buffers, while step t computes (needs pinned-buffers).
     fused-loss      last Dense + bias + softmax + cross-entropy + dL/dlogits in one kernel
                     (``kernels/dense_loss.py``): 3 launches → 1, no logits round trip.
@@ -60,32 +65,40 @@ The fixes (``FIXES``, in the order the ablation adds them)
     launch-config   block sizes and matrix tiles chosen from each layer's shape so small layers still
                     fill the GPU (``kernels/launch_config.py``; configures the kernels of
                     fewer-launches and smem-weights, which it needs).
+    tiled-conv      the profile's largest item — the conv backward kernels, 70 % (LeNet-5) and 82 %
+                    (AlexNet-small) of the kernel time on an H100, direct loops with an atomic add per
+                    tap — replaced: forward, dW and dX become implicit matrix products
+                    (``kernels/implicit_gemm.py``, ``kernels/conv_gemm.py``) with shared-memory tiles
+                    and a block of results in each thread's registers; bias, ReLU and pooling are
+                    applied in registers; dX is pulled, dW split over blocks and summed in a fixed
+                    order: no atomics, so a run is the same bit for bit every time. The dense layers go
+                    through the same product (``kernels/dense_gemm.py``).
+    device-epoch    the trainer's loop moves to the device: each step's batch, learning rate and loss
+                    are looked up or written by the kernels at a step counter in device memory
+                    (``kernels/device_epoch.py``, ``cnn/stages/device_epoch.py``); the host asks for
+                    ``SYNC_EVERY`` steps at a time and waits once for their losses; evaluation is
+                    scored on the device (needs resident-data and fused-loss).
+    cuda-graph      that step — gather, forward, loss, backward, SGD, loss log — recorded once as a
+                    CUDA graph and replayed: one launch a step instead of one per kernel
+                    (``kernels/step_graph.py``; one graph per gradient slot of the ring). In the
+                    simulator, which cannot record, the same step runs eagerly.
 
-The profile after, and what each fix bought — NOT YET MEASURED ON A GPU
-------------------------------------------------------------------------
-Fill in from a GPU machine with (writes ``benchmarks/results/ablation-*.json``; refuses in the
-simulator)::
+The profile after, and what each fix bought
+-------------------------------------------
+``python -m cnn bench --ablation --model M --batch-size B`` times cuda-ring, each fix alone on top
+of what it needs, and the fixes added one by one (``benchmarks/results/ablation-*.json``; refuses
+in the simulator); ``python -m cnn bench --stages ...`` puts the stages beside PyTorch, eager and
+as one CUDA graph, phase by phase and back to back. The measured tables are in
+``docs/profiling.md``, generated from the committed results files.
 
-    python -m cnn bench --ablation --model lenet5 --batch-size 64
-    python -m cnn bench --ablation --model alexnet-small --batch-size 128
-    python -m cnn bench --stages cuda,cuda-fused,cuda-ring,cuda-tuned --model lenet5 --batch-size 64
-    python -m cnn bench --stages cuda,cuda-fused,cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 \\
-        --data random
+Targets (H100, issue 14): LeNet-5 b64 ≤ 0.10 ms a step back to back (PyTorch as a CUDA graph:
+0.284 ms); AlexNet-small b128 ≤ 0.50 ms (PyTorch as a graph: 0.673 ms; the arithmetic floor at
+FP32 peak is about 0.14 ms); ``python -m cnn train --stage cuda-tuned --epochs 10`` ≤ 0.3 s of
+training an epoch at ≥ 99.0 %.
 
-    | step time (ms, median)       | LeNet-5 b=64 | AlexNet-small b=128 |
-    |------------------------------|--------------|---------------------|
-    | cuda-ring                    | TODO         | TODO                |
-    | + each fix alone (7 rows)    | TODO         | TODO                |
-    | cuda-tuned (all fixes)       | TODO         | TODO                |
-    | PyTorch (cuDNN), same GPU    | TODO         | TODO                |
-
-Targets: ``cuda-tuned`` within 1.5× of PyTorch's step on LeNet-5; AlexNet-small batch 128 under
-0.5 ms on an H100-class GPU.
-
-The trainer and the benchmark use the ordinary ``Stage`` phases (a host batch a step), which
-every fix but resident-data and overlap-copies speeds up; those two need the dataset API:
-``load_dataset(images, labels)``, ``shuffle(seed)``, ``load_batch_at(start, batch_size)``,
-``train_steps(steps, batch_size, lr, momentum, weight_decay)``.
+Every fix but the three epoch fixes acts on each ``train_step``; those three act on the epoch API
+the trainer uses (``cnn/stages/base.py``): ``load_dataset``, ``begin_epoch``, ``run_steps``,
+``test_scores``.
 """
 
 from __future__ import annotations
@@ -93,22 +106,25 @@ from __future__ import annotations
 import numpy as np
 
 from cnn.model import Dense, ReLU
-from cnn.stages.s4_cuda import INDEX, DenseBlock, layers_match
-from cnn.stages.s5_cuda_fused import FusedConvPoolBlock, fusable
+from cnn.stages.device_epoch import DeviceEpoch
+from cnn.stages.s4_cuda import INDEX, layers_match
+from cnn.stages.s5_cuda_fused import fusable
 from cnn.stages.s6_cuda_ring import CudaRingStage
-from kernels import bias_relu, conv_pool_fused, dense_fused
-from kernels.conv_pool_smem import conv_relu_pool_backward_smem, conv_relu_pool_forward_smem, fits
-from kernels.dense_loss import MAX_CLASSES, dense_softmax_xent
+from cnn.stages.s7_blocks import DenseLossBlock, TunedConvPoolBlock, TunedDenseBlock, wire_masks
+from kernels.dense_loss import MAX_CLASSES
 from kernels.device import cuda
-from kernels.fill import fill
+from kernels.device_epoch import finish_step, gather_step_batch, score_rows, sgd_scheduled, sum_scores
 from kernels.fill_pair import zero_pair
 from kernels.gather import gather_batch
 from kernels.launch_config import LaunchConfig
 from kernels.streams import new_event
 
 FIXES = ("resident-data", "pinned-buffers", "overlap-copies", "fused-loss", "fewer-launches", "smem-weights",
-         "launch-config")
-REQUIRES = {"overlap-copies": ("pinned-buffers",), "launch-config": ("fewer-launches", "smem-weights")}
+         "launch-config", "tiled-conv", "device-epoch", "cuda-graph")
+REQUIRES = {"overlap-copies": ("pinned-buffers",), "launch-config": ("fewer-launches", "smem-weights"),
+            "device-epoch": ("resident-data", "fused-loss"), "cuda-graph": ("device-epoch",)}
+SYNC_EVERY = 100              # device-epoch: steps the trainer asks for at once (one wait each)
+EVAL_BATCH = 1000             # test images scored per forward pass on the device
 
 
 def check_fixes(fixes) -> tuple[str, ...]:
@@ -125,114 +141,19 @@ def check_fixes(fixes) -> tuple[str, ...]:
 
 
 def with_requirements(*fixes) -> tuple[str, ...]:
-    """``fixes`` and everything they need."""
-    wanted = set(fixes)
-    for fix in fixes:
-        wanted.update(REQUIRES.get(fix, ()))
+    """``fixes`` and everything they need, and what that needs in turn."""
+    wanted, added = set(fixes), True
+    while added:
+        needs = {need for fix in wanted for need in REQUIRES.get(fix, ())}
+        added = not needs <= wanted
+        wanted |= needs
     return check_fixes(wanted)
 
 
-# -- blocks with switches: off, each is stage 5's or stage 4's block -------------------------------
-class TunedConvPoolBlock(FusedConvPoolBlock):
-    """Conv → ReLU → MaxPool: shared-memory filter kernels (``smem``), buffers zeroed by the stage (``prezeroed``)."""
-
-    def __init__(self, stage, index):
-        super().__init__(stage, index)
-        self.smem = stage.has("smem-weights") and fits(self.layer.in_channels, self.layer.kernel)
-        self.prezeroed = stage.has("fewer-launches")
-
-    def forward(self, x):
-        if not self.smem:
-            return super().forward(x)
-        self.x = x
-        shape = (x.shape[0], *self.out_shape)
-        self.y, self.switches = self.buffer("y", shape), self.buffer("switches", shape, INDEX)
-        conv_relu_pool_forward_smem(x, self.params["W"], self.params["b"], self.y, self.switches, self.layer.stride,
-                                    self.layer.pad, self.pool.size, self.pool.stride, self.conv_width,
-                                    self.stage.config.threads(self.y.size), self.launch)
-        return self.y
-
-    def backward(self, dy, need_dx):
-        if not (self.smem or self.prezeroed):
-            return super().backward(dy, need_dx)
-        dx = self.zeroed_dx(need_dx)
-        args = (dy, self.y, self.switches, self.x, self.params["W"], dx, self.grads["W"], self.grads["b"],
-                self.layer.stride, self.layer.pad, self.conv_width, need_dx)
-        if self.smem:
-            conv_relu_pool_backward_smem(*args, threads=self.stage.config.threads(dy.size), launch=self.launch)
-        else:
-            conv_pool_fused.conv_relu_pool_backward_push(*args, launch=self.launch)
-        return dx if need_dx else None
-
-    def zeroed_dx(self, need_dx):
-        """dX (or the unused placeholder), zeroed, with this block's dW and db zeroed too."""
-        if self.prezeroed:                                   # the stage's zero_pair launch did it
-            return self.stage.arena_views[self.index] if need_dx else self.stage.no_dx
-        fill(self.param_grads, 0.0, self.launch)
-        if not need_dx:
-            return self.stage.no_dx
-        dx = self.buffer("dx", self.x.shape)
-        fill(dx, 0.0, self.launch)
-        return dx
-
-
-class TunedDenseBlock(DenseBlock):
-    """Dense (+ ReLU): stage 4's 2 + 4 launches, or with ``fused`` 1 + 2 (``kernels/dense_fused.py``).
-
-    ``mask_dx``: this block's input came out of a ReLU whose block expects dz ready-made, so
-    dX is written already masked by x > 0. ``masked_from_above``: the block above does that
-    for this block's ReLU, so no relu_backward is left to launch here.
-    """
-
-    def __init__(self, stage, index, relu, fused):
-        super().__init__(stage, index, relu)
-        self.fused, self.mask_dx, self.masked_from_above = fused, False, False
-
-    def tile(self, rows, cols):
-        return self.stage.config.tile(rows, cols)
-
-    def masks_own_relu(self) -> bool:
-        return not self.masked_from_above
-
-    def layer_forward(self, x, y):
-        if not self.fused:
-            return super().layer_forward(x, y)
-        dense_fused.dense_forward(x, self.params["W"], self.params["b"], y, self.relu, self.tile(*y.shape),
-                                  self.launch)
-
-    def layer_backward(self, dy, dx):
-        if not self.fused:
-            return super().layer_backward(dy, dx)
-        weights = self.params["W"]
-        dense_fused.dense_backward_params(dy, self.x, self.grads["W"], self.grads["b"], self.tile(*weights.shape),
-                                          self.launch)
-        if dx is not None:
-            dense_fused.dense_backward_data(dy, weights, dx, self.tile(*dx.shape), self.x if self.mask_dx else None,
-                                            self.launch)
-
-
-class DenseLossBlock(TunedDenseBlock):
-    """The last Dense layer; ``forward_loss`` adds softmax, the loss and dL/dlogits in the same kernel."""
-
-    def forward_loss(self, x, labels, dlogits, row_loss):
-        self.x = x
-        self.y = self.buffer("y", (x.shape[0], *self.out_shape))
-        dense_softmax_xent(x, self.params["W"], self.params["b"], labels, self.y, dlogits, row_loss, self.launch)
-
-
-def wire_masks(blocks) -> None:
-    """Let each fused Dense block mask the dX it writes when the block below is a fused Dense + ReLU."""
-    for lower, upper in zip(blocks, blocks[1:]):
-        if (isinstance(lower, TunedDenseBlock) and lower.fused and lower.relu
-                and isinstance(upper, TunedDenseBlock) and upper.fused):
-            upper.mask_dx, lower.masked_from_above = True, True
-
-
-# -- the stage -------------------------------------------------------------------------------------
 class CudaTunedStage(CudaRingStage):
     name = "cuda-tuned"
-    summary = ("Numba CUDA: stage 6 + profile-driven fixes (resident data, pinned/overlapped copies, fused loss, "
-               "fewer launches, tuned launches, shared-memory filters)")
+    summary = ("Numba CUDA: stage 6 + profile-driven fixes (resident data, fused loss, fewer launches, tiled "
+               "implicit-GEMM convolutions, the epoch on the device, one CUDA graph a step)")
 
     def __init__(self, net, dtype=np.float32, fixes=FIXES, slots: int = 2, **ring_options):
         self.fixes = check_fixes(fixes)
@@ -246,7 +167,12 @@ class CudaTunedStage(CudaRingStage):
         self.host_rows = {}                  # batch -> host array for the per-row losses
         if self.has("pinned-buffers"):
             self.host_loss = cuda.pinned_array(1, dtype=np.float32)
-        self.dataset_size = 0
+        self.d_train = self.d_test = None
+        self.epoch_state = None
+        if self.has("device-epoch"):
+            self.steps_per_sync = SYNC_EVERY
+            self.epoch_state = DeviceEpoch(self.stream, self.ring.slots, self.queue_device_step,
+                                           self.has("cuda-graph"))
 
     def has(self, fix: str) -> bool:
         return fix in self.fixes
@@ -265,11 +191,11 @@ class CudaTunedStage(CudaRingStage):
         if fusable(layers, index):
             return TunedConvPoolBlock(self, index)
         if isinstance(layers[index], Dense):
-            relu = layers_match(layers, index + 1, ReLU)
+            relu, fused, tiled = layers_match(layers, index + 1, ReLU), self.has("fewer-launches"), self.has("tiled-conv")
             if self.fused_loss and index == len(layers) - 1:
-                return DenseLossBlock(self, index, relu, self.has("fewer-launches"))
-            if self.has("fewer-launches"):
-                return TunedDenseBlock(self, index, relu, True)
+                return DenseLossBlock(self, index, relu, fused, tiled)
+            if fused or tiled:
+                return TunedDenseBlock(self, index, relu, fused, tiled)
         return super().make_block(index)
 
     # -- forward, backward, loss ----------------------------------------------------------------
@@ -285,7 +211,7 @@ class CudaTunedStage(CudaRingStage):
         self.blocks[-1].forward_loss(x, self.d_labels, self.d_dlogits, self.d_row_loss)
 
     def backward_blocks(self):
-        if self.has("fewer-launches"):
+        if self.has("fewer-launches") and not self.has("tiled-conv"):      # tiled kernels overwrite: no zeroing
             arena = self.dx_arena(self.d_images.shape[0])
             zero_pair(self.d_grad, arena, self.config.threads(self.d_grad.size + arena.size), self.launch)
         super().backward_blocks()
@@ -332,83 +258,122 @@ class CudaTunedStage(CudaRingStage):
             self.loaded.record(self.input_stream)
             self.loaded.wait(self.stream)
 
-    # -- the dataset API: resident data, shuffling by index ------------------------------------------
-    def load_dataset(self, images, labels, seed: int = 0) -> None:
-        """Keep a training set for ``load_batch_at`` / ``train_steps``; on the device with resident-data."""
-        images = np.ascontiguousarray(images, dtype=np.float32)
-        labels = np.asarray(labels)
-        if images.ndim != 4 or images.shape[1:] != tuple(self.net.input_shape) or len(images) != len(labels):
-            expected = ", ".join(map(str, self.net.input_shape))
-            raise ValueError(f"stage {self.name!r}: load_dataset needs images (N, {expected}) and N labels, "
-                             f"got {images.shape} and {labels.shape}")
-        if len(labels) == 0 or labels.min() < 0 or labels.max() >= self.net.num_classes:
-            raise ValueError(f"stage {self.name!r}: dataset labels must lie in [0, {self.net.num_classes})")
-        self.dataset_size, self.epoch, self.cursor, self.seed = len(images), 0, 0, seed
-        if self.has("resident-data"):
-            self.d_data = cuda.to_device(images.reshape(len(images), -1))
-            self.d_data_labels = cuda.to_device(labels.astype(INDEX))
-            self.d_order = cuda.device_array(len(images), dtype=INDEX)
-        else:
-            self.host_data, self.host_labels = images, labels
-        self.shuffle(seed)
-
-    def shuffle(self, seed: int) -> None:
-        """A new order of the samples (on the device with resident-data: one index vector)."""
-        self.order = np.random.default_rng(seed).permutation(self.dataset_size)
-        if self.has("resident-data"):
-            self.d_order.copy_to_device(self.order.astype(INDEX), stream=self.stream)
-
-    def load_batch_at(self, start: int, batch_size: int) -> None:
-        """The batch of samples order[start : start + batch_size], instead of ``load_batch``."""
-        if not 0 <= start <= self.dataset_size - batch_size or batch_size < 1:
-            raise ValueError(f"stage {self.name!r}: batch [{start}, {start + batch_size}) is outside the "
-                             f"{self.dataset_size} samples given to load_dataset")
+    # -- an epoch at a time: resident data, the loop on the device ------------------------------------
+    def load_dataset(self, train_images, train_labels, test_images=None, test_labels=None):
+        """With resident-data, the training and test sets are copied to the device here, once."""
+        super().load_dataset(train_images, train_labels, test_images, test_labels)
         if not self.has("resident-data"):
-            chosen = self.order[start:start + batch_size]
-            return self.load_batch(self.host_data[chosen], self.host_labels[chosen])
-        images = self.buffers.get(("images", self.input_buffer), (batch_size, *self.net.input_shape))
-        labels = self.buffers.get(("labels", self.input_buffer), (batch_size,), INDEX)
+            return
+        self.d_train, self.d_train_labels = self._resident(train_images, train_labels, "training")
+        if test_images is not None:
+            self.d_test, self.d_test_labels = self._resident(test_images, test_labels, "test")
+            self.d_correct = cuda.device_array(len(test_images), dtype=np.float32)
+            self.d_test_losses = cuda.device_array(len(test_images), dtype=np.float32)
+            self.d_totals, self.host_totals = cuda.device_array(2, np.float64), cuda.pinned_array(2, np.float64)
+        if self.epoch_state is not None:
+            self.epoch_state.drop_graphs()                # the graphs read the old training set
+
+    def _resident(self, images, labels, which):
+        images, labels = np.ascontiguousarray(images, dtype=np.float32), np.asarray(labels)
+        if images.ndim != 4 or images.shape[1:] != tuple(self.net.input_shape):
+            expected = ", ".join(map(str, self.net.input_shape))
+            raise ValueError(f"stage {self.name!r}: the {which} images have shape {images.shape}, "
+                             f"network {self.net.name!r} expects (N, {expected})")
+        if len(labels) and (labels.min() < 0 or labels.max() >= self.net.num_classes):
+            raise ValueError(f"stage {self.name!r}: the {which} labels must lie in [0, {self.net.num_classes})")
+        return cuda.to_device(images), cuda.to_device(labels.astype(INDEX))
+
+    def begin_epoch(self, order, lrs, batch_size, momentum, weight_decay):
+        super().begin_epoch(order, lrs, batch_size, momentum, weight_decay)
+        if self.epoch_state is not None:
+            self.epoch_state.begin(self.plan)
+        elif self.has("resident-data"):
+            self.d_order = cuda.to_device(self.plan.order.astype(INDEX))
+
+    def run_steps(self, first, count):
+        if self.epoch_state is not None:
+            return self.epoch_state.run(first, count)
+        if self.has("resident-data"):
+            return self._run_resident_steps(first, count)
+        if self.has("overlap-copies"):
+            return self._run_overlapped_steps(first, count)
+        return super().run_steps(first, count)
+
+    def queue_device_step(self, slot: int) -> None:
+        """One whole training step, every kernel reading the step from the device (``device-epoch``):
+        gather the batch, forward + loss, backward into ring slot ``slot``, SGD, log the loss."""
+        plan, epoch = self.plan, self.epoch_state
         self._step_start = self.launch.count
-        flat = images.reshape((batch_size, images.size // batch_size))
-        gather_batch(self.d_data, self.d_data_labels, self.d_order, start, flat, labels,
-                     self.config.threads(flat.size), self.launch)
+        images = self.buffers.get(("images", 0), (plan.batch_size, *self.net.input_shape))
+        labels = self.buffers.get(("labels", 0), (plan.batch_size,), INDEX)
+        gather_step_batch(self.d_train.reshape((len(self.d_train), images.size // plan.batch_size)),
+                          self.d_train_labels, epoch.order, epoch.counter,
+                          images.reshape((plan.batch_size, images.size // plan.batch_size)), labels, self.launch)
         self.d_images, self.d_labels = images, labels
+        self.forward()
+        self.d_grad, self.grad_views = self.slot_grads[slot]
+        self.backward_blocks()
+        sgd_scheduled(self.d_params, self.d_velocity, self.d_grad, epoch.lrs, epoch.counter, plan.momentum,
+                      plan.weight_decay, self.launch)
+        finish_step(self.d_row_loss, epoch.counter, epoch.loss_log, epoch.first_bad, self.launch)
+        self.count_step_launches()
 
-    def _load_next(self, batch_size: int) -> None:
-        per_epoch = self.dataset_size // batch_size
-        if per_epoch < 1:
-            raise ValueError(f"stage {self.name!r}: batch size {batch_size} is larger than the "
-                             f"{self.dataset_size} samples given to load_dataset")
-        if self.cursor == per_epoch:
-            self.epoch, self.cursor = self.epoch + 1, 0
-            self.shuffle(self.seed + self.epoch)
-        self.load_batch_at(self.cursor * batch_size, batch_size)
-        self.cursor += 1
+    def launches_per_step(self) -> int:
+        """Kernels the host queued for the last step; 1 once it is replayed as a graph (``cuda-graph``)."""
+        if self.epoch_state is not None and self.epoch_state.graphs:
+            return 1
+        return super().launches_per_step()
 
-    def train_steps(self, steps: int, batch_size: int, lr: float, momentum: float = 0.9,
-                    weight_decay: float = 0.0) -> list[float]:
-        """``steps`` SGD steps over the dataset of ``load_dataset``, reshuffled every epoch; the losses.
+    def _train_phases(self, lr) -> float:
+        """forward, backward, update and the loss of the batch already on the device."""
+        self.forward()
+        self.backward()
+        self.update(lr, self.plan.momentum, self.plan.weight_decay)
+        return self.fetch_loss()
 
-        With overlap-copies the next batch is copied (second stream, second set of input buffers)
-        while the current step computes; the loss is fetched after that copy is queued.
-        """
-        if not self.dataset_size:
-            raise RuntimeError(f"stage {self.name!r}: train_steps needs load_dataset(images, labels) first")
-        overlap, losses = self.has("overlap-copies"), []
-        if overlap:
-            self._load_next(batch_size)
-        for step in range(steps):
-            if not overlap:
-                self._load_next(batch_size)
-            self.forward()
-            self.backward()
-            self.update(lr, momentum, weight_decay)
-            if overlap and step + 1 < steps:
-                self.input_buffer = 1 - self.input_buffer
-                self._load_next(batch_size)
-            losses.append(self.fetch_loss())
+    def _run_resident_steps(self, first, count):
+        """resident-data without device-epoch: the batch gathered on the device, the loss fetched every step."""
+        losses = np.empty(count)
+        for i, step in enumerate(range(first, first + count)):
+            self._gather_on_device(step)
+            losses[i] = self._train_phases(self.plan.lrs[step])
         return losses
 
+    def _gather_on_device(self, step):
+        batch = self.plan.batch_size
+        images = self.buffers.get(("images", self.input_buffer), (batch, *self.net.input_shape))
+        labels = self.buffers.get(("labels", self.input_buffer), (batch,), INDEX)
+        self._step_start = self.launch.count
+        flat = images.reshape((batch, images.size // batch))
+        gather_batch(self.d_train.reshape((len(self.d_train), flat.shape[1])), self.d_train_labels, self.d_order,
+                     step * batch, flat, labels, self.config.threads(flat.size), self.launch)
+        self.d_images, self.d_labels = images, labels
 
-if __name__ == "__main__":      # the census and the ablation are benchmark commands now
-    raise SystemExit("python -m cnn.stages.s7_cuda_tuned: moved to python -m cnn bench --census | --ablation")
+    def _run_overlapped_steps(self, first, count):
+        """overlap-copies: batch t+1 copied (second stream, second set of input buffers) while step t computes."""
+        (images, labels), losses = self.train_set, np.empty(count)
+        rows = self.plan.batch_rows(first)
+        self.load_batch(images[rows], labels[rows])
+        for i, step in enumerate(range(first, first + count)):
+            self.forward()
+            self.backward()
+            self.update(self.plan.lrs[step], self.plan.momentum, self.plan.weight_decay)
+            if i + 1 < count:
+                self.input_buffer = 1 - self.input_buffer
+                rows = self.plan.batch_rows(step + 1)
+                self.load_batch(images[rows], labels[rows])
+            losses[i] = self.fetch_loss()
+        return losses
+
+    def test_scores(self, count=None):
+        """With the test set resident: scored on the device, two numbers copied back."""
+        if self.d_test is None:
+            return super().test_scores(count)
+        count = len(self.d_test) if count is None else min(count, len(self.d_test))
+        for start in range(0, count, EVAL_BATCH):
+            logits = self._forward_blocks(self.d_test[start:min(count, start + EVAL_BATCH)])
+            score_rows(logits, self.d_test_labels, start, self.d_correct, self.d_test_losses, self.launch)
+        sum_scores(self.d_correct, self.d_test_losses, count, self.d_totals, self.launch)
+        self.d_totals.copy_to_host(self.host_totals, stream=self.stream)
+        self.stream.synchronize()
+        return int(round(self.host_totals[0])), float(self.host_totals[1])

@@ -1,0 +1,240 @@
+"""One tiled, register-blocked matrix product whose operands need not exist: the implicit GEMM.
+
+    C[r, c] = Σ_k A[r, k] · B[k, c]          r < M,  c < N,  k < K
+
+Stage 7's ``tiled-conv`` fix runs every convolution (forward, dW, dX) and every dense layer as
+this ONE product. What differs between them is where A and B come from and what happens to C:
+
+- *loaders*, device functions that produce A[r, k] and B[k, c] on demand from the arrays that
+  do exist. A convolution's B is the matrix of input patches (im2col), which is never built:
+  its loader reads x[n, c, i·s + p − pad, j·s + q − pad] when the tile needs it — hence *implicit*.
+- an *epilogue*, the device function that receives the thread's finished results and writes
+  them out: with the bias added and the ReLU applied, or max-pooled, or as a split-K partial.
+
+Thread-to-data mapping (Simon Boehm's SGEMM worklog, kernels 4-5: tiles in shared memory, then
+a block of results in each thread's registers). With tiles (BM, BN, BK, TM, TN):
+
+- block (bx, by, bz) computes the BM × BN tile of C at rows by·BM…, columns bx·BN…, summing
+  over k in [bz·k_chunk, (bz+1)·k_chunk) — split-K, when one product is split over several
+  blocks along k (their partial tiles are summed by a second kernel, in a fixed order).
+- its T = (BM/TM)·(BN/TN) threads each hold a TM × TN block of results in registers:
+      thread t = ty·(BN/TN) + tx:    acc[i, j] = C[row0 + i·(BM/TM) + ty,  col0 + j·(BN/TN) + tx]
+  (strided, so that the 32 threads of a warp read 32 different shared-memory banks).
+- for each BK-deep slice of k the block stages A[rows, slice] and B[slice, columns] in shared
+  memory — thread t loads row t mod BM of A and column t mod BN of B (the same row and column
+  for every slice, so the loaders' index arithmetic for them is done once, in ``*_setup``) —
+  synchronises, and every thread does BK·TM·TN multiply-adds from shared memory:
+      acc[i, j] += A_s[k, i·(BM/TM) + ty] · B_s[k, j·(BN/TN) + tx]
+  A loaded value of A serves BN results and one of B serves BM: the direct kernels of stages 4-5
+  read both operands from global memory for every multiply-add.
+
+The loader interface (each a ``@cuda.jit(device=True)`` function):
+
+    a_row = a_setup(a_src, row)                   once per thread: what depends on the row only
+    A[row, k] = a_load(a_src, a_row, k)           0 outside the matrix
+    b_col = b_setup(b_src, col, threads_n)        once per thread: what depends on the column only
+    B[k, col] = b_load(b_src, b_col, k)
+    epilogue(out, row, col, threads_n, values)    per row of the thread's block: values[j] = C[row, col + j·threads_n]
+
+``a_src``, ``b_src`` and ``out`` are tuples of the arrays (and integers) the functions need.
+``threads_n`` = BN/TN is passed along because a loader may give the columns of C its own meaning:
+the pooled convolution numbers them so that the TN columns of ONE thread are the S × S positions
+of one pooling window, and its epilogue pools them in registers (``kernels/conv_gemm.py``).
+
+``gemm_kernel(...)`` compiles one kernel per combination of functions and tiles (shared arrays
+need constant shapes); ``Tiles.for_rows`` picks tiles from the shape.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from numba import float32
+
+from kernels.device import cuda
+from kernels.launch import blocks_for, launch
+from kernels.launch_config import multiprocessors
+
+WARP = 32
+
+
+class Tiles(NamedTuple):
+    """Block tile BM × BN, k-slice BK, and the TM × TN results each thread holds."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def threads_m(self) -> int:
+        return self.bm // self.tm
+
+    @property
+    def threads_n(self) -> int:
+        return self.bn // self.tn
+
+    @property
+    def threads(self) -> int:
+        return self.threads_m * self.threads_n
+
+    @classmethod
+    def for_shape(cls, rows: int, cols: int, tn: int, bk: int = 8) -> "Tiles":
+        """Tiles for a rows × cols product: a warp of 32 threads along the columns, or 16 or 8
+        when 32 would leave fewer than 2 blocks per SM (small layers still fill the GPU)."""
+        for threads_n in (32, 16, 8):
+            tiles = cls.for_rows(rows, tn, threads_n, bk)
+            (blocks_x, blocks_y, _), _ = tiles.grid(rows, cols)
+            if blocks_x * blocks_y >= 2 * multiprocessors():
+                break
+        return tiles
+
+    @classmethod
+    def for_rows(cls, rows: int, tn: int, threads_n: int = WARP, bk: int = 8) -> "Tiles":
+        """Tiles for a product with ``rows`` rows: TN = ``tn`` results a row per thread, BN/TN = ``threads_n``.
+
+        BM/TM = TN threads along the rows (so that the T threads load whole columns of B),
+        and TM the smallest power of two ≤ 8 that covers ``rows`` with them.
+        """
+        tm = 1
+        while tm * tn < rows and tm < 8 and tm < threads_n:
+            tm *= 2
+        return cls(bm=tm * tn, bn=threads_n * tn, bk=bk, tm=tm, tn=tn).checked()
+
+    def checked(self) -> "Tiles":
+        """These tiles, after checking every thread can load one row of A and one column of B."""
+        if self.bm % self.tm or self.bn % self.tn:
+            raise ValueError(f"{self}: TM must divide BM and TN must divide BN")
+        if self.threads % self.bm or self.threads % self.bn or self.threads > 1024:
+            raise ValueError(f"{self}: its {self.threads} threads must be a multiple of BM and of BN, at most 1024")
+        return self
+
+    def grid(self, rows: int, cols: int, splits: int = 1) -> tuple[tuple[int, int, int], int]:
+        """((blocks over columns, blocks over rows, k splits), threads)."""
+        return (blocks_for(cols, self.bn), blocks_for(rows, self.bm), splits), self.threads
+
+
+@lru_cache(maxsize=None)
+def gemm_kernel(a_setup, a_load, b_setup, b_load, epilogue, tiles: Tiles):
+    """The implicit GEMM kernel for these loaders, this epilogue and these tiles (compiled once each)."""
+    bm, bn, bk, tm, tn = tiles
+    threads_m, threads_n, threads = tiles.threads_m, tiles.threads_n, tiles.threads
+    a_k_step, b_k_step = threads // bm, threads // bn     # k rows of a slice one pass of the block loads
+
+    def implicit_gemm_kernel(a_src, b_src, out, inner, k_chunk):
+        a_slice = cuda.shared.array((bk, bm), float32)
+        b_slice = cuda.shared.array((bk, bn), float32)
+        acc = cuda.local.array((tm, tn), float32)
+        a_frag = cuda.local.array(tm, float32)
+        b_frag = cuda.local.array(tn, float32)
+        row_values = cuda.local.array(tn, float32)
+        t = cuda.threadIdx.x
+        ty, tx = t // threads_n, t % threads_n
+        row0, col0 = cuda.blockIdx.y * bm, cuda.blockIdx.x * bn
+        k_begin = cuda.blockIdx.z * k_chunk
+        k_end = min(inner, k_begin + k_chunk)
+        a_r, a_k = t % bm, t // bm                        # this thread loads row a_r of A, column b_c of B
+        b_c, b_k = t % bn, t // bn
+        a_row = a_setup(a_src, row0 + a_r)
+        b_col = b_setup(b_src, col0 + b_c, threads_n)
+        for i in range(tm):
+            for j in range(tn):
+                acc[i, j] = float32(0.0)
+        for k0 in range(k_begin, k_end, bk):
+            for kk in range(a_k, bk, a_k_step):
+                a_slice[kk, a_r] = a_load(a_src, a_row, k0 + kk) if k0 + kk < k_end else float32(0.0)
+            for kk in range(b_k, bk, b_k_step):
+                b_slice[kk, b_c] = b_load(b_src, b_col, k0 + kk) if k0 + kk < k_end else float32(0.0)
+            cuda.syncthreads()                            # the slice of A and B is in shared memory
+            for kk in range(bk):
+                for i in range(tm):
+                    a_frag[i] = a_slice[kk, i * threads_m + ty]
+                for j in range(tn):
+                    b_frag[j] = b_slice[kk, j * threads_n + tx]
+                for i in range(tm):
+                    for j in range(tn):
+                        acc[i, j] += a_frag[i] * b_frag[j]
+            cuda.syncthreads()                            # everyone is done with the slice before the next load
+        for i in range(tm):
+            for j in range(tn):
+                row_values[j] = acc[i, j]
+            epilogue(out, row0 + i * threads_m + ty, col0 + tx, threads_n, row_values)
+
+    # named after its epilogue (gemm_bias_relu_pool_store, gemm_pixel_store, ...) in profiles
+    implicit_gemm_kernel.__name__ = implicit_gemm_kernel.__qualname__ = f"gemm_{function_name(epilogue)}"
+    return cuda.jit(implicit_gemm_kernel)
+
+
+def function_name(device_function) -> str:
+    """The Python name of a ``cuda.jit`` function (the simulator's wrapper keeps it in ``fn``)."""
+    python_function = getattr(device_function, "py_func", None) or getattr(device_function, "fn", device_function)
+    return python_function.__name__
+
+
+def split_k(inner: int, splits: int, bk: int) -> tuple[int, int]:
+    """(k_chunk, splits): ``inner`` cut into at most ``splits`` chunks of a multiple of BK each, none empty."""
+    k_chunk = blocks_for(blocks_for(inner, max(1, splits)), bk) * bk
+    return k_chunk, blocks_for(inner, k_chunk)
+
+
+def gemm(functions, tiles: Tiles, a_src, b_src, out, rows: int, cols: int, inner: int, splits: int = 1,
+         launch=launch) -> None:
+    """Queue C = A·B (rows × cols, over ``inner``) with ``functions`` = (a_setup, a_load, b_setup, b_load, epilogue).
+
+    ``splits`` > 1 cuts k into chunks, one per ``blockIdx.z`` (``split_k`` says how many there are).
+    """
+    k_chunk, splits = split_k(inner, splits, tiles.bk)
+    launch(gemm_kernel(*functions, tiles), *tiles.grid(rows, cols, splits), a_src, b_src, out, inner, k_chunk)
+
+
+# -- loaders and epilogues shared by several products ---------------------------------------------
+@cuda.jit(device=True)
+def row_index(src, row):
+    """a_setup of a plain matrix: the row itself."""
+    return row
+
+
+@cuda.jit(device=True)
+def column_index(src, col, threads_n):
+    """b_setup of a plain matrix: the column itself."""
+    return col
+
+
+@cuda.jit(device=True)
+def matrix_rows(src, row, k):
+    """a_load of a row-major matrix m = src[0]: A[row, k] = m[row, k]."""
+    m = src[0]
+    return m[row, k] if row < m.shape[0] else float32(0.0)
+
+
+@cuda.jit(device=True)
+def matrix_cols(src, row, k):
+    """a_load of a transposed matrix: A[row, k] = m[k, row]."""
+    m = src[0]
+    return m[k, row] if row < m.shape[1] else float32(0.0)
+
+
+@cuda.jit(device=True)
+def matrix_b(src, col, k):
+    """b_load of a row-major matrix: B[k, col] = m[k, col]."""
+    m = src[0]
+    return m[k, col] if col < m.shape[1] else float32(0.0)
+
+
+@cuda.jit(device=True)
+def matrix_b_transposed(src, col, k):
+    """b_load of a transposed matrix: B[k, col] = m[col, k]."""
+    m = src[0]
+    return m[col, k] if col < m.shape[0] else float32(0.0)
+
+
+@cuda.jit(device=True)
+def store_partial(out, row, col, threads_n, values):
+    """Epilogue of split-K: partial[bz, row, ·] = this block's sums over its chunk of k (out = (partial,))."""
+    partial = out[0]
+    if row < partial.shape[1]:
+        for j in range(values.size):
+            if col + j * threads_n < partial.shape[2]:
+                partial[cuda.blockIdx.z, row, col + j * threads_n] = values[j]
