@@ -3,12 +3,18 @@ measured on this machine's MPI, plotted for 2 to 1024 workers, next to measured 
 
     python benchmarks/parallel_cost_model.py            # after benchmarks/parallel_strategies.py
 
-1. ``python -m cnn.parallel.costmodel`` on 2, 3 and 4 ranks: a ping-pong between ranks 0 and 1
-   gives α (latency) and β (seconds per byte); the strategies' own exchanges (parameter server,
-   ring, MPI's allreduce) are timed on vectors of LeNet-5's and AlexNet-small's size.
-2. The model's time per step and bytes on the busiest link for P = 2 … 1024.
+1. ``python -m cnn.parallel.costmodel`` on 2, 3 and 4 ranks: a ping-pong between ranks 0 and 1,
+   waited on as the strategies wait (``World.wait``), gives α (latency) and β (seconds per byte);
+   the strategies' own exchanges (parameter server, ring, MPI's allreduce) are timed on vectors
+   of LeNet-5's and AlexNet-small's size; and MPI's allreduce back to back, waited on through
+   World.wait, MPI_Wait, with sleeps (as the first version waited) and blocking.
+2. The model checked against those measurements at 2, 3 and 4 ranks (the ratio measured / model
+   in the table), then extrapolated: time per step and bytes on the busiest link for P = 2 … 1024.
 3. The measured points: the isolated exchanges at 2–4 ranks, and the communication phases of the
    4-rank training runs in benchmarks/results/parallel_strategies.json (if present).
+
+Run it with no more ranks than cores where the machine has them (the script says how many cores it
+saw; the JSON records them).
 
 Writes benchmarks/results/parallel_cost_model.json and benchmarks/results/parallel_cost_model.png.
 """
@@ -134,7 +140,7 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", default="2,3,4")
+    parser.add_argument("--ranks", default="2,3,4", help="ranks to measure at (the model is checked at each)")
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
@@ -142,22 +148,30 @@ def main(argv=None) -> int:
     if args.plot_only:
         result = json.loads(out.read_text())
     else:
-        measurements = {int(r): measure(int(r), args.repeats) for r in args.ranks.split(",")}
+        from cnn.machine import machine_info
+        from cnn.parallel.launch import usable_cores
+
+        ranks = [int(r) for r in args.ranks.split(",")]
+        print(f"{usable_cores()} cores; measuring at {', '.join(map(str, ranks))} ranks"
+              + (" (oversubscribed above the core count)" if max(ranks) > usable_cores() else ""), flush=True)
+        measurements = {r: measure(r, args.repeats) for r in ranks}
         first = measurements[min(measurements)]
-        alpha, beta = first["mpi"]["alpha"], first["mpi"]["beta"]
+        alpha, beta = first["pingpong"]["alpha"], first["pingpong"]["beta"]
         result = {"alpha_beta": {"alpha": alpha, "beta": beta, "from_ranks": min(measurements)},
-                  "alpha_beta_polled": {k: first["polled"][k] for k in ("alpha", "beta")},
+                  "cores": usable_cores(), "machine": machine_info(),
                   "measurements": {str(r): m for r, m in measurements.items()},
+                  "waits": {str(r): m["waits"] for r, m in measurements.items()},
                   "comparison": comparison(alpha, beta, measurements,
                                            measured_in_training(RESULTS / "parallel_strategies.json")),
                   "model": model_table(alpha, beta)}
         RESULTS.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))
     plot(result, RESULTS / "parallel_cost_model.png")
-    for row in result["comparison"]:
-        print(f"P={row['ranks']} {row['source']}: server model {row['ps_model'] * 1e3:.2f} ms, measured "
-              f"{(row['ps_measured'] or 0) * 1e3:.2f} ms; ring model {row['ring_model'] * 1e3:.2f} ms, measured "
-              f"{(row['ring_measured'] or 0) * 1e3:.2f} ms")
+    from cnn.parallel.report import cost_table, wait_table
+
+    print(cost_table(result))
+    print()
+    print(wait_table(result))
     return 0
 
 

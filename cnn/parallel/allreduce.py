@@ -70,8 +70,7 @@ def ring_allreduce(world, vector: np.ndarray, timer=None) -> np.ndarray:
 
 def mpi_allreduce(world, vector: np.ndarray) -> np.ndarray:
     """Sum ``vector`` across all ranks, in place, with MPI_Iallreduce."""
-    vector[...] = world.allreduce_sum(vector, "gradient allreduce")
-    return vector
+    return world.allreduce_sum(vector, "gradient allreduce", in_place=True)
 
 
 class Allreduce:

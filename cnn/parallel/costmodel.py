@@ -19,10 +19,14 @@ N·β is not negligible against α — large models, slow links, many workers �
 or hierarchical allreduce (MPI's own, NCCL's) is what removes the linear latency term.
 
 α and β are measured by a ping-pong between ranks 0 and 1 (``pingpong``): rank 0 sends n bytes,
-rank 1 sends them back; half the round trip is T(n), and a straight-line fit over n gives α and β.
-``measure_exchanges`` times the strategies' own exchanges (``ps_sync.ParameterServer``,
-``allreduce.ring_allreduce``, MPI's ``Iallreduce``) on a vector of the model's size, so the
-model can be set against what this machine's MPI does. Run it with::
+rank 1 sends them back, both waiting through ``World.wait`` as the strategies do; half the round
+trip is T(n), and a straight-line fit over n gives α and β. ``measure_exchanges`` times the
+strategies' own exchanges (``ps_sync.ParameterServer``, ``allreduce.ring_allreduce``, MPI's
+``Iallreduce`` through ``World.wait``) on a vector of the model's size, so the model can be set
+against what this machine's MPI does. ``measure_waits`` times MPI's allreduce back to back, as in
+training, waited on four ways: ``World.wait``, ``MPI_Wait``, sleeping between tests as the first
+version did (``wait_with_sleeps``), and MPI's blocking ``Allreduce`` — what sleeping cost, measured
+in the same run as what replaced it. Run it with::
 
     mpiexec -n 4 python -m mpi4py -m cnn.parallel.costmodel --out results/costmodel-4.json
 """
@@ -67,13 +71,10 @@ def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:
     return float(alpha), float(beta)
 
 
-def pingpong(world, sizes, repeats: int = 50, spin: bool = True) -> list[float]:
-    """One-way time of a message of each size between ranks 0 and 1 (the other ranks wait):
-    half the median round trip (the median, because a busy machine adds scheduling hiccups).
-
-    ``spin=True`` measures MPI itself; ``spin=False`` waits the way the strategies do (polling
-    with short sleeps), which adds its own latency on top.
-    """
+def pingpong(world, sizes, repeats: int = 50) -> list[float]:
+    """One-way time of a message of each size between ranks 0 and 1 (the other ranks wait), waited
+    on through ``World.wait``: half the median round trip (the median, because a busy machine adds
+    scheduling hiccups)."""
     comm, times = world.comm, []
     for size in sizes:
         buffer = np.zeros(max(1, size), np.uint8)
@@ -85,48 +86,83 @@ def pingpong(world, sizes, repeats: int = 50, spin: bool = True) -> list[float]:
         for _ in range(repeats):
             started = time.perf_counter()
             if world.rank == 0:
-                world.wait([comm.Isend(buffer, dest=partner, tag=60)], "ping", spin=spin)
-                world.wait([comm.Irecv(buffer, source=partner, tag=61)], "pong", spin=spin)
+                world.wait([comm.Isend(buffer, dest=partner, tag=60)], "ping")
+                world.wait([comm.Irecv(buffer, source=partner, tag=61)], "pong")
             else:
-                world.wait([comm.Irecv(buffer, source=partner, tag=60)], "ping", spin=spin)
-                world.wait([comm.Isend(buffer, dest=partner, tag=61)], "pong", spin=spin)
+                world.wait([comm.Irecv(buffer, source=partner, tag=60)], "ping")
+                world.wait([comm.Isend(buffer, dest=partner, tag=61)], "pong")
             round_trips.append(time.perf_counter() - started)
         times.append(float(np.median(round_trips)) / 2)
     return times
 
 
+def wait_with_sleeps(requests, first: float = 1e-5, longest: float = 1e-3) -> None:
+    """How the first version waited: test, sleep 10 µs, doubling up to 1 ms, test again. Kept
+    only to measure what sleeping costs a collective that moves on only inside MPI calls."""
+    from mpi4py import MPI
+
+    pause = 0.0
+    while not MPI.Request.Testall(requests):
+        pause = min(longest, pause * 2 or first)
+        time.sleep(pause)
+
+
 def measure_exchanges(world, num_params: int, repeats: int = 20, dtype=np.float32) -> dict[str, float]:
-    """Median seconds of one exchange of a ``num_params`` gradient: parameter server, ring, MPI allreduce."""
+    """Median seconds of one exchange of a ``num_params`` gradient, the ranks starting together:
+    the parameter server's, the ring's and MPI's allreduce, as the strategies run them."""
     from cnn.parallel.allreduce import mpi_allreduce, ring_allreduce
     from cnn.parallel.common import HostSGD
     from cnn.parallel.ps_sync import ParameterServer
     from cnn.parallel.timing import PhaseTimer
     from cnn.train import TrainConfig
 
-    rng = np.random.default_rng(world.rank)
-    message = rng.standard_normal(num_params + 1).astype(dtype)
     server = ParameterServer(world, PhaseTimer(world.rank), num_params, dtype)
     opt = HostSGD(np.zeros(num_params, dtype), TrainConfig(momentum=0.0, weight_decay=0.0))
 
-    def parameter_server():
+    def parameter_server(buffer):
         server.prepare(0)
-        server(message.copy(), opt, 0.0)
+        server(buffer, opt, 0.0)
 
     exchanges = {"ps": parameter_server,
-                 "ring": lambda: ring_allreduce(world, message.copy()),
-                 "mpi-allreduce": lambda: mpi_allreduce(world, message.copy())}
-    results = {}
-    for name, exchange in exchanges.items():
-        world.wait([world.comm.Ibarrier()], "barrier")
-        exchange()                                             # warm-up
-        world.wait([world.comm.Ibarrier()], "barrier")
-        durations = []
-        for _ in range(repeats):
+                 "ring": lambda buffer: ring_allreduce(world, buffer),
+                 "mpi-allreduce": lambda buffer: mpi_allreduce(world, buffer)}
+    return _interleaved(world, exchanges, num_params, repeats, dtype, together=True)
+
+
+def measure_waits(world, num_params: int, repeats: int = 20, dtype=np.float32) -> dict[str, float]:
+    """Seconds per allreduce of a ``num_params`` gradient run back to back, as in training (the
+    ranks drift apart and wait for each other), for each way of waiting: ``World.wait``, MPI's own
+    ``MPI_Wait``, sleeping between tests as the first version did, and MPI's blocking allreduce."""
+    from mpi4py import MPI
+
+    def nonblocking(buffer):
+        return world.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
+    ways = {"World.wait": lambda buffer: world.wait([nonblocking(buffer)], "allreduce"),
+            "MPI_Wait": lambda buffer: nonblocking(buffer).Wait(),
+            "sleeps": lambda buffer: wait_with_sleeps([nonblocking(buffer)]),
+            "blocking": lambda buffer: world.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)}
+    return _interleaved(world, ways, num_params, repeats, dtype, together=False)
+
+
+def _interleaved(world, ways: dict, num_params: int, repeats: int, dtype, together: bool) -> dict[str, float]:
+    """Time each of ``ways`` (a function of the buffer) ``repeats`` times, the ways interleaved so
+    that whatever else the machine does slows each alike, after one round of warm-up. ``together``:
+    a barrier before each call and the median call; else ten calls back to back, per call."""
+    message = np.random.default_rng(world.rank).standard_normal(num_params + 1).astype(dtype)
+    buffer = np.empty_like(message)
+    durations = {name: [] for name in ways}
+    calls = 1 if together else 10
+    for repeat in range(repeats + 1):
+        for name, way in ways.items():
+            buffer[...] = message
+            world.wait([world.comm.Ibarrier()], "barrier")
             started = time.perf_counter()
-            exchange()
-            durations.append(time.perf_counter() - started)
-        results[name] = float(np.median(durations))
-    return results
+            for _ in range(calls):
+                way(buffer)
+            if repeat:
+                durations[name].append((time.perf_counter() - started) / calls)
+    return {name: float(np.median(values)) for name, values in durations.items()}
 
 
 def main(argv=None) -> int:
@@ -147,19 +183,20 @@ def main(argv=None) -> int:
     sizes = [int(size) for size in args.sizes.split(",")]
     measured = {"ranks": world.size, "sizes": sizes}
     if world.size >= 2:
-        for spin in (True, False):
-            seconds = pingpong(world, sizes, args.repeats, spin=spin)
-            if world.rank == 0:
-                alpha, beta = fit_alpha_beta(sizes, seconds)
-                measured["mpi" if spin else "polled"] = {"one_way_seconds": seconds, "alpha": alpha, "beta": beta}
+        seconds = pingpong(world, sizes, args.repeats)
+        if world.rank == 0:
+            alpha, beta = fit_alpha_beta(sizes, seconds)
+            measured["pingpong"] = {"one_way_seconds": seconds, "alpha": alpha, "beta": beta}
     measured["exchanges"] = {name: {"num_params": get_network(name).num_params,
                                     **measure_exchanges(world, get_network(name).num_params, max(5, args.repeats // 5))}
                              for name in args.models.split(",")}
+    measured["waits"] = {name: measure_waits(world, get_network(name).num_params, max(5, args.repeats // 5))
+                         for name in args.models.split(",")}
     if world.rank == 0:
         write_json(args.out, measured)
-        print(f"{world.size} ranks: " + ", ".join(
-            f"{kind}: α = {measured[kind]['alpha'] * 1e6:.1f} µs, 1/β = {1 / measured[kind]['beta'] / 1e9:.2f} GB/s"
-            for kind in ("mpi", "polled") if kind in measured))
+        fit = measured.get("pingpong")
+        print(f"{world.size} ranks" + (f": α = {fit['alpha'] * 1e6:.1f} µs, 1/β = {1 / fit['beta'] / 1e9:.2f} GB/s"
+                                        if fit else ""))
     return 0
 
 

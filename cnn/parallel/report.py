@@ -43,6 +43,19 @@ def label(summary: dict) -> str:
     return name
 
 
+def machine_line(summaries: list[dict]) -> str:
+    """Where the runs were measured: the CPU, its cores, the ranks, and how busy the machine was."""
+    machine = summaries[0].get("machine", {})
+    cores, ranks = machine.get("cores"), sorted({summary["ranks"] for summary in summaries})
+    most = max(ranks)
+    layout = ("one rank per core" if cores and most <= cores
+              else f"oversubscribed: up to {most} ranks on {cores} cores" if cores else "cores unknown")
+    loads = [summary["load_average"][0] for summary in summaries if summary.get("load_average")]
+    load = f"; 1-minute load average {min(loads):.1f}–{max(loads):.1f} at the end of the runs" if loads else ""
+    return (f"Measured on {machine.get('cpu', 'an unknown CPU')} with {cores} cores, "
+            f"{' or '.join(map(str, ranks))} ranks per run ({layout}){load}.")
+
+
 def strategy_table(summaries: list[dict]) -> str:
     """One row per run: layout, ms per step and its breakdown, throughput, accuracy, staleness."""
     header = ["strategy", "ranks", "global batch", "peak lr", "epochs", "ms/step"] + \
@@ -84,18 +97,41 @@ def notes(summary: dict) -> str:
 
 
 def cost_table(result: dict) -> str:
-    """The α-β model against the measured communication per step (LeNet-5's gradient)."""
-    mpi, polled = result["alpha_beta"], result["alpha_beta_polled"]
-    lines = [f"Ping-pong between two ranks: α = {mpi['alpha'] * 1e6:.1f} µs, 1/β = {1 / mpi['beta'] / 1e9:.2f} GB/s "
-             f"(MPI waited on by spinning); α = {polled['alpha'] * 1e6:.1f} µs when waited on the way the "
-             f"strategies wait (polling with short sleeps).", "",
-             "| ranks | measured in | server: model | server: measured | ring: model | ring: measured | MPI allreduce: measured |",
-             "|---|---|---|---|---|---|---|"]
+    """The α-β model against the measured communication per step (LeNet-5's gradient), with the ratio."""
+    fit = result["alpha_beta"]
+    ranks = [row["ranks"] for row in result["comparison"] if row["source"] == "isolated exchange"]
+    cores = result.get("cores")
+    lines = [f"Ping-pong between two ranks, waited on as the strategies wait: α = {fit['alpha'] * 1e6:.1f} µs, "
+             f"1/β = {1 / fit['beta'] / 1e9:.2f} GB/s" + (f"; {cores} cores, {', '.join(map(str, ranks))} ranks "
+             f"({'one rank per core' if max(ranks) <= cores else 'oversubscribed above ' + str(cores)})"
+             if cores and ranks else "") + ". Ratio = measured / model.", "",
+             "| ranks | measured in | server: model | server: measured | ratio | ring: model | ring: measured | ratio "
+             "| MPI allreduce: measured |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in result["comparison"]:
         lines.append(f"| {row['ranks']} | {row['source']} | {milliseconds(row['ps_model'])} | "
-                     f"{milliseconds(row['ps_measured'])} | {milliseconds(row['ring_model'])} | "
-                     f"{milliseconds(row['ring_measured'])} | {milliseconds(row['mpi_allreduce_measured'])} |")
+                     f"{milliseconds(row['ps_measured'])} | {ratio(row['ps_measured'], row['ps_model'])} | "
+                     f"{milliseconds(row['ring_model'])} | {milliseconds(row['ring_measured'])} | "
+                     f"{ratio(row['ring_measured'], row['ring_model'])} | "
+                     f"{milliseconds(row['mpi_allreduce_measured'])} |")
     return "\n".join(lines)
+
+
+def wait_table(result: dict) -> str:
+    """MPI's allreduce back to back, per way of waiting, for each model and rank count."""
+    lines = ["MPI's allreduce of a gradient, back to back as in training, per way of waiting for it:", "",
+             "| model | ranks | World.wait (spinning) | MPI_Wait | blocking Allreduce | sleeps (first version) "
+             "| sleeps ÷ World.wait |", "|---|---|---|---|---|---|---|"]
+    for ranks, waits in sorted(result.get("waits", {}).items(), key=lambda item: int(item[0])):
+        for model, way in waits.items():
+            lines.append(f"| {model} | {ranks} | {milliseconds(way['World.wait'])} | {milliseconds(way['MPI_Wait'])} | "
+                         f"{milliseconds(way['blocking'])} | {milliseconds(way['sleeps'])} | "
+                         f"{ratio(way['sleeps'], way['World.wait'])} |")
+    return "\n".join(lines)
+
+
+def ratio(measured: float | None, model: float | None) -> str:
+    return f"{measured / model:.1f}×" if measured and model else "–"
 
 
 def milliseconds(seconds: float | None) -> str:
@@ -129,9 +165,12 @@ def main(argv=None) -> int:
     parser.add_argument("--into", default=None, help="Markdown file whose marked section is replaced")
     args = parser.parse_args(argv)
     if args.cost_model:
-        name, text = "parallel-cost-model", cost_table(json.loads(Path(args.cost_model).read_text()))
+        result = json.loads(Path(args.cost_model).read_text())
+        name, text = "parallel-cost-model", cost_table(result) + "\n\n" + wait_table(result)
     else:
-        name, text = "parallel-strategies", strategy_table(load(args.files)) + "\n\n" + COLUMN_NOTE
+        summaries = load(args.files)
+        name, text = "parallel-strategies", (machine_line(summaries) + "\n\n" + strategy_table(summaries)
+                                             + "\n\n" + COLUMN_NOTE)
     if args.into:
         replace_between_markers(args.into, name, text)
     else:

@@ -144,8 +144,11 @@ class World:
         buffer = data.copy() if data is not None else np.empty(int(length[0]), np.uint8)
         return json.loads(self.broadcast(buffer, what, root).tobytes().decode())
 
-    def allreduce_sum(self, array: np.ndarray, what: str) -> np.ndarray:
-        """The element-wise sum of every rank's ``array`` (a new array)."""
+    def allreduce_sum(self, array: np.ndarray, what: str, in_place: bool = False) -> np.ndarray:
+        """The element-wise sum of every rank's ``array``: a new array, or ``array`` itself overwritten."""
+        if in_place:
+            self.wait([self.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM)], what)
+            return array
         total = np.empty_like(array)
         self.wait([self.comm.Iallreduce(array, total, op=MPI.SUM)], what)
         return total
