@@ -148,9 +148,7 @@ def dense_blocked_kernel(x, w, b, y):
     w_tile = cuda.shared.array((TILE, WIDE), np.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     row, first = cuda.blockIdx.y * TILE + ty, cuda.blockIdx.x * WIDE
-    totals = cuda.local.array(REGISTERS, np.float32)
-    for r in range(REGISTERS):
-        totals[r] = 0
+    t0 = t1 = t2 = t3 = np.float32(0.0)
     for start in range(0, x.shape[1], TILE):
         k = start + tx
         x_tile[ty, tx] = x[row, k] if row < x.shape[0] and k < x.shape[1] else 0
@@ -159,13 +157,15 @@ def dense_blocked_kernel(x, w, b, y):
             w_tile[tx, ty + r * TILE] = w[o, k] if o < w.shape[0] and k < x.shape[1] else 0
         cuda.syncthreads()
         for kk in range(TILE):
-            for r in range(REGISTERS):
-                totals[r] += x_tile[ty, kk] * w_tile[kk, tx + r * TILE]
+            t0 += x_tile[ty, kk] * w_tile[kk, tx]
+            t1 += x_tile[ty, kk] * w_tile[kk, tx + TILE]
+            t2 += x_tile[ty, kk] * w_tile[kk, tx + 2 * TILE]
+            t3 += x_tile[ty, kk] * w_tile[kk, tx + 3 * TILE]
         cuda.syncthreads()
-    for r in range(REGISTERS):
-        col = first + tx + r * TILE
-        if row < y.shape[0] and col < y.shape[1]:
-            y[row, col] = totals[r] + b[col]
+    col = first + tx
+    for r, total in ((0, t0), (1, t1), (2, t2), (3, t3)):
+        if row < y.shape[0] and col + r * TILE < y.shape[1]:
+            y[row, col + r * TILE] = total + b[col + r * TILE]
 '''
 
 GATHER_AND_BROADCAST = '''
