@@ -1,9 +1,14 @@
-"""The two checks every test cell of an assignment makes: right numbers, and the student's own work.
+"""What the test cells of the assignments check, besides traffic: numbers, own work, switches, threads.
 
-``check`` prints one line per comparison, cs231n style, so the student sees at once how far off an
-answer is, then fails with a message naming what was compared::
+- ``check`` prints one line per comparison, cs231n style, so the student sees at once how far off an
+  answer is, then fails with a message naming what was compared::
 
-    dx, x (2, 3, 7, 7), s=2 p=1                    rel_error 3.1e-16  (should be < 1e-10)
+      dx, x (2, 3, 7, 7), s=2 p=1                    rel_error 3.1e-16  (should be < 1e-10)
+
+- ``written_by_you`` refuses a function whose source calls the library's version of itself;
+- ``check_switches`` accepts max-pool switches that point at any maximum of their window;
+- ``parallel_loops`` lists the ``prange`` loops Numba really compiled to run in parallel;
+- ``hide_performance_warnings``: a warning on stderr costs a test cell its points in nbgrader.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import warnings
 import numpy as np
 
 from cnn.gradcheck import rel_error
+from cnn.grading.traffic import python_function
 
 
 def check(what: str, got, expected, tolerance: float) -> None:
@@ -36,12 +42,7 @@ def check(what: str, got, expected, tolerance: float) -> None:
 
 def python_source(function) -> str:
     """The source of a function, of the Python function behind a Numba dispatcher, or of a CUDA kernel."""
-    for attribute in ("py_func", "fn"):
-        inner = getattr(function, attribute, None)
-        if callable(inner):
-            function = inner
-            break
-    return inspect.getsource(function)
+    return inspect.getsource(python_function(function))
 
 
 def written_by_you(function, *library_names: str) -> None:
@@ -76,12 +77,16 @@ def parallel_loops(dispatcher) -> list[str]:
     signature an ``@njit(parallel=True)`` function has been compiled for (call it first).
 
     A ``prange`` in a function compiled without ``parallel=True`` runs as a plain ``range`` and is not
-    listed; nor are the parallel loops Numba makes of whole-array expressions (``np.zeros``, ``a + b``).
+    listed; nor are the parallel loops Numba makes of whole-array expressions (``np.zeros``, ``a + b``)
+    or inside its own functions (``a.sum()``).
     """
+    source_file = python_function(dispatcher).__code__.co_filename
     lines = []
     for signature in getattr(dispatcher, "signatures", ()):
         diagnostics = dispatcher.overloads[signature].metadata.get("parfor_diagnostics")
         for parfor in getattr(diagnostics, "initial_parfors", None) or ():
+            if parfor.loc.filename != source_file:     # Numba's own parallel loops (inside arr.sum(), …)
+                continue
             text = linecache.getline(parfor.loc.filename, parfor.loc.line).strip()
             if "prange" in text:
                 lines.append(text)
