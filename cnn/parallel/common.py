@@ -32,27 +32,6 @@ from cnn.parallel.timing import PhaseTimer, format_breakdown, format_step, write
 from cnn.parallel.world import PeerLost, World
 
 
-SAME_STATE = {"ps-sync", "allreduce", "sandblaster", "model-parallel", "cnn.train"}
-"""Strategies whose checkpoints hold the same thing (weights, momentum, a position): each resumes the others'."""
-PER_WORKER_STATE = ("downpour", "hogwild", "easgd")
-"""Strategies that save each worker's own state: they resume on the same number of workers only."""
-TAG_RESUME = 9003
-
-
-def _peak_lr(config: dict) -> float:
-    return config["lr"] * (config["lr_scale"] if config["schedule"] == "warmup" else 1)
-
-
-@dataclass
-class Resumed:
-    """Where a resumed run starts: its first ``step``, the strategy's saved ``state`` (every rank)
-    and, on rank 0, the whole checkpoint (``saved``)."""
-
-    step: int
-    state: dict
-    saved: checkpoint.Saved | None
-
-
 @dataclass
 class ParallelOptions:
     """The flags of ``python -m cnn.parallel`` beyond the training ones (see ``cnn.parallel.cli``)."""
@@ -78,8 +57,9 @@ class ParallelOptions:
 class HostSGD:
     """θ and the momentum v as host vectors, stepped with ``cnn.stages.base.sgd_momentum_update``.
 
-    It offers ``get_params`` and ``get_momentum`` like a stage, so ``cnn.train.save_checkpoint``
-    writes it as it is.
+    It offers ``get_params`` and ``get_momentum`` like a stage, so a checkpoint writes it as it is.
+    It is the update rule of every server (``SERVER_RULES``): another rule — Adagrad for Downpour,
+    say — is another class with the same four members, added there.
     """
 
     def __init__(self, params: np.ndarray, config: TrainConfig):
@@ -95,6 +75,15 @@ class HostSGD:
 
     def get_momentum(self) -> np.ndarray:
         return self.velocity.copy()
+
+
+SERVER_RULES = {"sgd": HostSGD}
+"""The update rules a server can apply, by name (``server_optimizer``)."""
+
+
+def server_optimizer(params: np.ndarray, config: TrainConfig, rule: str = "sgd"):
+    """The optimizer a parameter server, coordinator or synchronous rank steps with."""
+    return SERVER_RULES[rule](params, config)
 
 
 class Packet:
@@ -169,75 +158,6 @@ class Run:
         self.world.log(f"{self.options.strategy}: {self.world.size} ranks, {self.workers} worker(s) × batch "
                        f"{config.batch_size} = global batch {self.global_batch}, {self.steps_per_epoch} steps/epoch "
                        f"× {config.epochs} epoch(s); {schedule}; stage {config.stage}" + (f"; {detail}" if detail else ""))
-
-    # -- resuming -----------------------------------------------------------------------------
-    def resume(self) -> Resumed | None:
-        """``--resume``: rank 0 reads the checkpoint and checks that it fits this run; every rank
-        learns the step to start from and the strategy's saved numbers (None: a fresh start)."""
-        if not self.config.resume:
-            return None
-        saved, plan = None, None
-        if self.rank == 0 and Path(self.checkpoint).exists():
-            try:
-                saved = checkpoint.load(self.checkpoint)
-                plan = self._resume_plan(saved)
-            except ValueError as err:
-                plan = {"error": str(err)}
-        plan = self.world.broadcast_object(plan, "resume plan")
-        if plan is None:
-            self.world.log(f"--resume: no checkpoint at {self.checkpoint} yet, starting afresh")
-            return None
-        if "error" in plan:
-            raise ValueError(plan["error"])
-        self.world.log(plan["line"])
-        if saved is not None:
-            self.history = saved.history
-        self.completed_steps = plan["step"]
-        return Resumed(plan["step"], plan["state"], saved)
-
-    def _resume_plan(self, saved: checkpoint.Saved) -> dict:
-        """Where this run starts from ``saved``, and the line that says so; a ValueError line where
-        the checkpoint cannot continue this run."""
-        strategy, path = self.options.strategy, self.checkpoint
-        if saved.params.shape != (self.net.num_params,):
-            raise ValueError(f"{path}: the checkpoint does not hold {self.config.model}'s parameters")
-        if saved.strategy != strategy and not {saved.strategy, strategy} <= SAME_STATE:
-            raise ValueError(f"{path}: a {saved.strategy} checkpoint cannot continue {strategy}; "
-                             f"resume it with --strategy {saved.strategy}")
-        if strategy in PER_WORKER_STATE and saved.workers != self.workers:
-            raise ValueError(f"{path}: holds the state of {saved.workers} {strategy} worker(s), this run has "
-                             f"{self.workers}; resume on {saved.ranks} ranks (-n {saved.ranks}) or start afresh")
-        step, repeated = checkpoint.position_step(saved.position, self.steps_per_epoch, self.global_batch)
-        where = f"epoch {saved.position.epoch + 1}, image {saved.position.images}"
-        line = f"resuming from {path} at step {step} ({where})"
-        if saved.position.global_batch != self.global_batch:
-            line = (f"resuming {path}, saved by {saved.workers} worker(s) with a global batch of "
-                    f"{saved.position.global_batch}, on {self.workers} worker(s) with a global batch of "
-                    f"{self.global_batch}: {where} is step {step} here"
-                    + (f" ({repeated} images of that batch are seen again)" if repeated else "")
-                    + f"; the learning rate follows this run's layout: peak {_peak_lr(asdict(self.config)):g} "
-                      f"(was {_peak_lr(saved.config):g})")
-        if saved.lacks:
-            line += f"; the checkpoint lacks {saved.lacks}"
-        return {"step": step, "state": saved.state, "line": line}
-
-    def broadcast_saved(self, resumed: Resumed, name: str, out: np.ndarray) -> np.ndarray:
-        """Rank 0's saved ``params`` or ``momentum`` copied into ``out`` on every rank."""
-        if self.rank == 0:
-            out[...] = getattr(resumed.saved, name)
-        return self.world.broadcast(out, f"resumed {name}")
-
-    def scatter_rows(self, resumed: Resumed, name: str, out: np.ndarray | None, ranks: list[int]) -> None:
-        """Row w of the saved per-worker array ``name`` into ``out`` on rank ``ranks[w]``."""
-        comm = self.world.comm
-        if self.rank == 0:
-            rows = resumed.saved.rows[name]
-            self.world.wait([comm.Isend(np.ascontiguousarray(rows[w]), dest=rank, tag=TAG_RESUME)
-                             for w, rank in enumerate(ranks) if rank != 0], f"receipt of the saved {name}", ranks)
-            if 0 in ranks:
-                out[...] = rows[ranks.index(0)]
-        elif self.rank in ranks:
-            self.world.wait([comm.Irecv(out, source=0, tag=TAG_RESUME)], f"saved {name}", [0])
 
     @property
     def rank(self) -> int:

@@ -35,7 +35,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from cnn.parallel.common import HostSGD, Packet, Run, staleness_stats
+from cnn.parallel import resume
+from cnn.parallel.common import HostSGD, Packet, Run, server_optimizer, staleness_stats
 from cnn.parallel.timing import COMPUTE, DISTRIBUTE, FETCH, UPDATE
 
 TAG_TO_SERVER, TAG_TO_WORKER = 10, 11
@@ -61,14 +62,14 @@ def train(run: Run) -> dict:
 
 def serve(run: Run, stage, params: np.ndarray) -> dict:
     world, timer, comm = run.world, run.timer, run.world.comm
-    opt = HostSGD(params, run.config)
+    opt = server_optimizer(params, run.config)
     run.state = opt
     size = run.net.num_params
     replicas = list(range(1, world.size))
     version, staleness, next_step = 0, [], {r: 0 for r in replicas}
-    resumed = run.resume()
+    resumed = resume.load(run)
     if resumed:
-        run.broadcast_saved(resumed, "params", opt.params)
+        resume.broadcast(run, resumed, "params", opt.params)
         opt.velocity[...] = resumed.saved.momentum
         version, staleness = resumed.state["updates"], list(resumed.state["staleness"])
         next_step = {int(r): step for r, step in resumed.state["next_step"].items()}
@@ -143,9 +144,9 @@ def replicate(run: Run, stage, params: np.ndarray) -> dict:
     size = run.net.num_params
     outgoing, reply = Packet(size, run.dtype), Packet(size, run.dtype)
     send, version, pushed, start = MPI.REQUEST_NULL, 0, 0, 0
-    resumed = run.resume()
+    resumed = resume.load(run)
     if resumed:                       # continue from the server's weights, at this replica's next step
-        run.broadcast_saved(resumed, "params", local.params)
+        resume.broadcast(run, resumed, "params", local.params)
         version, start = resumed.state["updates"], resumed.state["next_step"][str(world.rank)]
         stage.set_params(local.params)
     accumulated = np.zeros(size, run.dtype)

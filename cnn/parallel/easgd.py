@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cnn.parallel import resume
 from cnn.parallel.common import HostSGD, Run
 from cnn.parallel.timing import COMPUTE, DISTRIBUTE, FETCH, UPDATE
 from cnn.stages.base import sgd_momentum_update
@@ -66,18 +67,18 @@ def train(run: Run) -> dict:
     stage = run.make_stage()
     params = run.initial_params(stage)
     workers = list(range(1, run.world.size))
-    resumed = run.resume()
+    resumed = resume.load(run)
     start = resumed.step if resumed else 0
     if run.rank != 0:
         local = HostSGD(params, run.config)
         if resumed:
-            run.scatter_rows(resumed, "params", local.params, workers)
-            run.scatter_rows(resumed, "momentum", local.velocity, workers)
+            resume.scatter(run, resumed, "params", local.params, workers)
+            resume.scatter(run, resumed, "momentum", local.velocity, workers)
         return work(run, stage, local, rho, start)
     if resumed:
         params[...] = resumed.saved.params
-        run.scatter_rows(resumed, "params", None, workers)
-        run.scatter_rows(resumed, "momentum", None, workers)
+        resume.scatter(run, resumed, "params", None, workers)
+        resume.scatter(run, resumed, "momentum", None, workers)
     master = master_sync if run.options.easgd_mode == "sync" else master_round_robin
     center = master(run, params, rho, start)
     run.training_done()

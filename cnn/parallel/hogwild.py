@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from cnn.parallel import resume
 from cnn.parallel.common import Run, staleness_stats
 from cnn.parallel.timing import COMPUTE, DISTRIBUTE, UPDATE
 from cnn.stages.base import sgd_momentum_update
@@ -88,11 +89,11 @@ def train(run: Run) -> dict:
     weights_window, shared = shared_array(node, run.net.num_params, run.dtype)
     counts_window, updates = shared_array(node, world.size, np.int64)
     velocity, staleness, start = np.zeros_like(params), [], 0
-    resumed = run.resume()
+    resumed = resume.load(run)
     if world.rank == 0:
         shared[...], updates[...] = (resumed.saved.params, resumed.state["updates"]) if resumed else (params, 0)
     if resumed:
-        run.scatter_rows(resumed, "momentum", velocity, list(range(world.size)))
+        resume.scatter(run, resumed, "momentum", velocity, list(range(world.size)))
         staleness, start = list(resumed.state["staleness"][str(world.rank)]), resumed.step
     run.state, run.rescue_note = None, "every process's momentum is needed as well as the shared weights"
     world.wait([world.comm.Ibarrier()], "start barrier")

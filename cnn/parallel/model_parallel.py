@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from cnn.model import Flatten, Network
+from cnn.parallel import resume
 from cnn.parallel.common import Run
 from cnn.parallel.timing import COMPUTE, UPDATE
 from cnn.stages import get_stage
@@ -85,10 +86,10 @@ def train(run: Run) -> dict:
     whole = run.make_stage()
     params = run.initial_params(whole)
     momentum, start = np.zeros_like(params), 0
-    resumed = run.resume()
+    resumed = resume.load(run)
     if resumed:
-        run.broadcast_saved(resumed, "params", params)
-        run.broadcast_saved(resumed, "momentum", momentum)
+        resume.broadcast(run, resumed, "params", params)
+        resume.broadcast(run, resumed, "momentum", momentum)
         start = resumed.step
     mine_slice = slice(0, front.num_params) if world.rank == 0 else slice(front.num_params, None)
     stage.set_params(params[mine_slice])

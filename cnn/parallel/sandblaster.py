@@ -50,7 +50,8 @@ from collections import defaultdict, deque
 import numpy as np
 from mpi4py import MPI
 
-from cnn.parallel.common import HostSGD, Packet, Run
+from cnn.parallel import resume
+from cnn.parallel.common import Packet, Run, server_optimizer
 from cnn.parallel.timing import COMPUTE, DISTRIBUTE, FETCH, UPDATE
 from cnn.parallel.world import PeerLost
 
@@ -78,7 +79,7 @@ def train(run: Run) -> dict:
     run.announce(f"{portions} portions per batch, at most {run.options.max_copies} copies of one in flight")
     stage = run.make_stage()
     params = run.initial_params(stage)
-    resumed = run.resume()
+    resumed = resume.load(run)
     if run.rank == 0:
         coordinator = Coordinator(run, params, portion_bounds(run.global_batch, portions))
         if resumed:
@@ -104,7 +105,7 @@ class Coordinator:
 
     def __init__(self, run: Run, params: np.ndarray, bounds: np.ndarray):
         self.run, self.world, self.comm, self.timer = run, run.world, run.world.comm, run.timer
-        self.opt = run.state = HostSGD(params, run.config)
+        self.opt = run.state = server_optimizer(params, run.config)
         self.bounds, self.version = bounds, 0
         self.workers = list(range(1, self.world.size))
         size = run.net.num_params

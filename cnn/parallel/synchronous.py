@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cnn.parallel.common import HostSGD, Run
+from cnn.parallel import resume
+from cnn.parallel.common import Run, server_optimizer
 from cnn.parallel.timing import COMPUTE
 
 
@@ -27,12 +28,12 @@ def train_synchronous(run: Run, exchange) -> dict:
     compute; ``exchange.rescue_lacks(rank)`` says what a rescue checkpoint written by ``rank`` lacks."""
     world, config, timer = run.world, run.config, run.timer
     stage = run.make_stage()
-    opt = HostSGD(run.initial_params(stage), config)
+    opt = server_optimizer(run.initial_params(stage), config)
     run.state, run.state_lacks = opt, exchange.rescue_lacks(world.rank)
-    resumed, start = run.resume(), 0
+    resumed, start = resume.load(run), 0
     if resumed:
-        run.broadcast_saved(resumed, "params", opt.params)
-        run.broadcast_saved(resumed, "momentum", opt.velocity)
+        resume.broadcast(run, resumed, "params", opt.params)
+        resume.broadcast(run, resumed, "momentum", opt.velocity)
         start = resumed.step
     stage.set_params(opt.params)
     size = run.net.num_params
