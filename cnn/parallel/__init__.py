@@ -3,6 +3,8 @@
 Launch (``python -m mpi4py`` turns an exception on one rank into ``MPI_Abort`` for the whole job)::
 
     mpiexec -n 4 python -m mpi4py -m cnn.parallel --strategy allreduce --epochs 1
+    python -m cnn.parallel.launch -n 4 --strategy allreduce --epochs 1     # the same, with what this
+                                                                            # machine needs added
 
 From Python (a notebook), ``cnn.parallel.launch.run("allreduce", ranks=4, epochs=1)`` starts the same
 command and returns the run's JSON summary as a dict.
@@ -27,11 +29,12 @@ The strategies, one module each:
 Every strategy follows Horovod's recipe: the initial weights are broadcast from rank 0, the learning
 rate of the synchronous ones is scaled by the number of workers with a per-batch warmup
 (``cnn.train.lr_at``), metrics are reduced across ranks before rank 0 logs them, only rank 0 writes
-checkpoints and summaries, and every rank runs the same number of steps.
+checkpoints and summaries, and every rank runs the same number of steps. Every strategy checkpoints
+periodically and continues with ``--resume`` (``checkpoint``, ``resume``).
 
-No MPI call here blocks without a deadline (``World.wait``), so a dead or silent rank is detected
-instead of hanging the job. This package imports neither numpy nor MPI at import time: the launcher
-sets the BLAS thread count first.
+No MPI call here blocks without a deadline (``World.wait``, which spins as ``MPI_Wait`` does), so a
+dead or silent rank is detected instead of hanging the job. This package imports neither numpy nor
+MPI at import time: the launcher sets the BLAS thread count first.
 """
 
 STRATEGIES = {

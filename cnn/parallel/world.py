@@ -19,8 +19,9 @@ What happens to the survivors when a rank dies is the launcher's choice:
   Nothing hangs; the last periodic checkpoint is what remains.
 - ``mpiexec --runtime-options recoverable`` (Open MPI 5; MPICH: ``-disable-auto-cleanup``): the
   survivors keep running, notice the silence through their deadlines and decide what to do —
-  carry on without the lost worker (Downpour, Sandblaster) or stop cleanly with a checkpoint of the
-  last completed step (the synchronous strategies). ``cnn.parallel.launch`` adds this option.
+  carry on without the lost worker (Downpour, Sandblaster) or stop cleanly, writing a checkpoint
+  of the last completed step where they hold the whole state, else naming the last periodic one.
+  ``cnn.parallel.launch`` adds this option where the MPI has it (not Open MPI 4.1).
 """
 
 from __future__ import annotations
