@@ -2,11 +2,11 @@
 # Every GPU figure the course quotes, in parts that each fit one 10-minute call of a GPU machine.
 # Results go to benchmarks/results/ (the device is in every file name); commit them afterwards.
 #
-#   sh benchmarks/gpu_session.sh check     # the gpu tests, then cuda-ring and cuda-tuned beside PyTorch
-#                                          # (eager and as one CUDA graph) on both networks, a 2-epoch run
-#   sh benchmarks/gpu_session.sh bench     # every stage + PyTorch, LeNet-5 b64 (MNIST) and AlexNet-small b128
-#   sh benchmarks/gpu_session.sh profile   # stage 7's ablation and Nsight Compute kernel times, both networks
-#   sh benchmarks/gpu_session.sh train     # cuda-tuned and cuda-fused, LeNet-5, 10 epochs on MNIST
+#   sh benchmarks/gpu_session.sh check     # stage 7's gpu tests; cuda-ring and cuda-tuned beside PyTorch (eager
+#                                          # and as one CUDA graph) on both networks; Nsight Compute kernel times
+#   sh benchmarks/gpu_session.sh bench     # every gpu test; every stage + PyTorch, LeNet-5 b64 and AlexNet-small b128
+#   sh benchmarks/gpu_session.sh profile   # stage 7's ablation, both networks
+#   sh benchmarks/gpu_session.sh train     # cuda-tuned, LeNet-5, 10 epochs on MNIST
 #
 # Parts chain: `sh benchmarks/gpu_session.sh bench train`. A GPU machine that cannot reach the
 # network needs MNIST carried along (the four IDX .gz files in data/mnist/, git-ignored). numba-cuda
@@ -14,7 +14,7 @@
 # for the machine's Python), it is installed into /tmp/site first and put on PYTHONPATH.
 # Afterwards, on the development machine: `python -m cnn bench --update-readme` and
 # `python -m cnn bench --update-docs` regenerate README and docs/profiling.md from the files.
-set -eu
+set -u
 export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
 export CNN_DATA_DIR="${CNN_DATA_DIR:-data}"
 PYTHON="${PYTHON:-python3}"
@@ -32,8 +32,13 @@ ncu_kernels() {   # $1 model, $2 batch: every kernel of two cuda-tuned training 
     command -v ncu >/dev/null || { echo "ncu (Nsight Compute) is not on the PATH: no kernel table" >&2; return 0; }
     ncu --profile-from-start off --clock-control none --csv --log-file "$results/ncu-cuda-tuned-$1-b$2.csv" \
         --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
-        "$PYTHON" -m cnn bench --profile cuda-tuned --model "$1" --batch-size "$2" --data random --steps 2 --budget 1 \
+        "$PYTHON" -m cnn bench --profile cuda-tuned --model "$1" --batch-size "$2" --data random --steps 2 --min-steps 1 --budget 1 \
         > /dev/null
+}
+
+failures=0
+run() {           # one measurement; a failure is reported and counted, the session goes on
+    "$@" || { echo "gpu_session.sh: FAILED ($?): $*" >&2; failures=$((failures + 1)); }
 }
 
 for part in "$@"; do
@@ -41,33 +46,39 @@ for part in "$@"; do
     check)
         "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/test_tiled_kernels.py tests/test_cuda_tuned.py \
             2>&1 | tee "$results/gpu-tests-stage7.log"
-        "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model lenet5 --batch-size 64 --budget 15
-        "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 --data random \
+        run "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model lenet5 --batch-size 64 --budget 15
+        run "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 --data random \
             --budget 15
-        "$PYTHON" -m cnn train --stage cuda-tuned --epochs 2 --no-progress --out "$results/check-train.json"
-        ncu_kernels alexnet-small 128
+        run ncu_kernels lenet5 64
+        run ncu_kernels alexnet-small 128
         ;;
     bench)
         "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$results/gpu-tests.log"
-        "$PYTHON" -m cnn bench --model lenet5 --batch-size 64 --stages numpy,numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned
-        "$PYTHON" -m cnn bench --model alexnet-small --batch-size 128 --data random \
+        run "$PYTHON" -m cnn bench --model lenet5 --batch-size 64 --stages numpy,numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned
+        run "$PYTHON" -m cnn bench --model alexnet-small --batch-size 128 --data random \
             --stages numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned
         ;;
     profile)
         for model_batch in "lenet5 64" "alexnet-small 128"; do
             set -- $model_batch
-            "$PYTHON" -m cnn bench --ablation --model "$1" --batch-size "$2"
-            ncu_kernels "$1" "$2"
+            run "$PYTHON" -m cnn bench --ablation --model "$1" --batch-size "$2"
         done
+        ;;
+    ncu)                      # Nsight Compute kernel times of cuda-tuned, both networks
+        run ncu_kernels lenet5 64
+        run ncu_kernels alexnet-small 128
+        ;;
+    ablation-*)               # one model's ablation: ablation-lenet5-64, ablation-alexnet-small-128
+        spec=${part#ablation-}
+        run "$PYTHON" -m cnn bench --ablation --model "${spec%-*}" --batch-size "${spec##*-}"
         ;;
     train)
-        for stage in cuda-tuned cuda-fused; do
-            "$PYTHON" -m cnn train --stage "$stage" --epochs 10 --no-progress \
-                --out "$results/train-lenet5-$stage-10ep-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-').json"
-        done
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
+        run "$PYTHON" -m cnn train --stage cuda-tuned --epochs 10 --no-progress \
+            --out "$results/train-lenet5-cuda-tuned-10ep-$gpu-$(date +%F).json"
         ;;
     *)
-        echo "gpu_session.sh: unknown part '$part' (check, bench, profile or train)" >&2
+        echo "gpu_session.sh: unknown part '$part' (check, bench, profile, train, or ablation-MODEL-BATCH)" >&2
         exit 2
         ;;
     esac
@@ -76,3 +87,5 @@ done
 if [ -n "${OUT:-}" ]; then
     tar czf "$OUT/gpu-results.tar.gz" "$results"
 fi
+echo "gpu_session.sh: $failures failed"
+[ "$failures" -eq 0 ]

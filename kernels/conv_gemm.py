@@ -16,7 +16,8 @@ pass is one product of ``kernels/implicit_gemm.py`` with its own loaders (nothin
     dW, db    G[f, t] = Σ_pos dZ[f, pos] · X[t, pos]       F × (T + 1), over N·Hc·Wc
               B has one more column of ones: G[f, T] = Σ_pos dZ[f, pos] = db[f]. The sum over
               positions is long and the output small, so it is split over ``splits`` blocks along
-              k (split-K); ``sum_splits`` adds the partial tiles in a fixed order.
+              k (split-K); ``sum_splits_kernel`` adds the partial tiles up, one block an output,
+              in a fixed order.
     dX        dX[c, (n,h,w)] = Σ_(f,p,q) W[f, c, p, q] · dz[n, f, (h + pad − p)/s, (w + pad − q)/s]
               C × (N·H·W), over F·K·K; terms whose division by s is not exact, or that fall
               outside dz, are 0. Each element of dX is computed by one thread: a pull.
@@ -36,6 +37,7 @@ from kernels.device import cuda
 from kernels.implicit_gemm import Tiles, gemm, matrix_rows, row_index, split_k, store_partial
 from kernels.launch import covering_windows, grid_1d, launch, unravel4
 from kernels.launch_config import multiprocessors
+from kernels.reduction import block_sum
 
 WEIGHT_GRAD_TN = 4           # TN of the dW and dX products (the forward's is the pooling window, S·S)
 
@@ -190,20 +192,26 @@ def tap_load(src, col, k):
 WEIGHT_GRADS = (row_index, conv_grad_load, tap_setup, tap_load, store_partial)
 
 
+SUM_THREADS = 32             # one block of sum_splits_kernel per output: its threads share the splits
+
+
 @cuda.jit
 def sum_splits_kernel(partial, dw, db):
-    """dw[f, t] (t < T) and db[f] (t = T) = Σ_z partial[z, f, t], z in order: one thread per (f, t)."""
-    index = cuda.grid(1)
-    filters, columns = partial.shape[1], partial.shape[2]
-    if index < filters * columns:
-        f, t = index // columns, index % columns
-        total = float32(0.0)
-        for z in range(partial.shape[0]):
-            total += partial[z, f, t]
+    """Block o owns output o = (f, t): thread s adds partial[s], partial[s + 32], …, then the block adds
+    the 32 sums in a tree (``kernels/reduction.py``); dw[f, t] (t < T) or db[f] (t = T) is the total."""
+    sums = cuda.shared.array(SUM_THREADS, float32)
+    columns, s = partial.shape[2], cuda.threadIdx.x
+    f, t = cuda.blockIdx.x // columns, cuda.blockIdx.x % columns
+    own = float32(0.0)
+    for z in range(s, partial.shape[0], SUM_THREADS):
+        own += partial[z, f, t]
+    sums[s] = own
+    block_sum(sums, s)
+    if s == 0:
         if t < columns - 1:
-            dw[f, t] = total
+            dw[f, t] = sums[0]
         else:
-            db[f] = total
+            db[f] = sums[0]
 
 
 # -- dX: the filters (transposed) times dz read through the windows ----------------------------------
@@ -258,29 +266,27 @@ DATA_GRADS = (row_index, filter_tap_load, pixel_setup, window_grad_load, pixel_s
 # -- tiles, splits, and the host functions the stage calls ---------------------------------------
 def forward_tiles(g: ConvGeometry) -> Tiles:
     """TN = S·S: each thread's register block along the columns is one pooling window."""
-    return Tiles.for_shape(g.filters, g.pooled * g.pool * g.pool, tn=g.pool * g.pool)
+    return Tiles.for_shape(g.filters, g.pooled * g.pool * g.pool, g.taps, tn=g.pool * g.pool)
 
 
-def weight_grad_tiles(g: ConvGeometry) -> Tiles:
-    """Few columns (T + 1): 8 threads along them; split-K supplies the blocks."""
-    return Tiles.for_rows(g.filters, tn=WEIGHT_GRAD_TN, threads_n=8)
+def weight_grad_plan(g: ConvGeometry) -> tuple[Tiles, int]:
+    """(tiles, splits) of dW: few columns (T + 1), 8 threads along them, and enough splits of the
+    positions for 2 blocks per SM, each split at least 64 positions long."""
+    tiles = Tiles.for_rows(g.filters, tn=WEIGHT_GRAD_TN, threads_n=8)
+    (blocks_x, blocks_y, _), _ = tiles.grid(g.filters, g.taps + 1)
+    wanted = max(1, min(-(-2 * multiprocessors() // (blocks_x * blocks_y)), g.positions // 64))
+    tiles = tiles.with_depth(-(-g.positions // wanted))
+    return tiles, split_k(g.positions, wanted, tiles.bk)[1]
 
 
 def data_grad_tiles(g: ConvGeometry) -> Tiles:
-    return Tiles.for_shape(g.channels, g.batch * g.height * g.width, tn=WEIGHT_GRAD_TN)
-
-
-def weight_grad_splits(g: ConvGeometry) -> int:
-    """How many blocks share the sum over positions: enough for 2 blocks per SM, each ≥ 64 positions."""
-    tiles = weight_grad_tiles(g)
-    (blocks_x, blocks_y, _), _ = tiles.grid(g.filters, g.taps + 1)
-    wanted = -(-2 * multiprocessors() // (blocks_x * blocks_y))
-    return split_k(g.positions, max(1, min(wanted, g.positions // 64)), tiles.bk)[1]
+    return Tiles.for_shape(g.channels, g.batch * g.height * g.width, g.filters * g.kernel * g.kernel,
+                           tn=WEIGHT_GRAD_TN)
 
 
 def partial_shape(g: ConvGeometry) -> tuple[int, int, int]:
     """Shape of the buffer of split-K partial sums of dW and db."""
-    return weight_grad_splits(g), g.filters, g.taps + 1
+    return weight_grad_plan(g)[1], g.filters, g.taps + 1
 
 
 def conv_relu_pool_forward_tiled(x, w, b, y, switches, g: ConvGeometry, launch=launch):
@@ -299,9 +305,9 @@ def conv_relu_pool_backward_tiled(dy, y, switches, x, w, dx, dw, db, dz, partial
     launch(relu_pool_backward_kernel, *grid_1d(dz.size), dy, y, switches, dz, g)
     if tuple(partial.shape) != partial_shape(g):
         raise ValueError(f"conv backward: partial sums need shape {partial_shape(g)}, got {partial.shape}")
-    gemm(WEIGHT_GRADS, weight_grad_tiles(g), (dz.reshape((g.batch, g.filters, g.conv_h * g.conv_w)), g),
+    gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (dz.reshape((g.batch, g.filters, g.conv_h * g.conv_w)), g),
          (x, g), (partial,), g.filters, g.taps + 1, g.positions, partial.shape[0], launch=launch)
-    launch(sum_splits_kernel, *grid_1d(g.filters * (g.taps + 1)), partial, dw.reshape((g.filters, g.taps)), db)
+    launch(sum_splits_kernel, g.filters * (g.taps + 1), SUM_THREADS, partial, dw.reshape((g.filters, g.taps)), db)
     if with_dx:
         gemm(DATA_GRADS, data_grad_tiles(g), (w.reshape((g.filters, g.channels, g.kernel * g.kernel)), g),
              (dz, g), (dx.reshape((g.batch, g.channels, g.height * g.width)), g),

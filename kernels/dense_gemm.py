@@ -79,17 +79,17 @@ DATA = (row_index, matrix_rows, column_index, matrix_b, masked_store)
 def dense_forward(x, w, b, y, relu, launch=launch):
     """y ← x · wᵀ + b, then ReLU when ``relu``: one launch."""
     rows, cols = y.shape
-    gemm(FORWARD, Tiles.for_shape(rows, cols, TN), (x,), (w,), (y, b, relu), rows, cols, x.shape[1], launch=launch)
+    gemm(FORWARD, Tiles.for_shape(rows, cols, x.shape[1], TN), (x,), (w,), (y, b, relu), rows, cols, x.shape[1], launch=launch)
 
 
 def dense_backward_params(dz, x, dw, db, launch=launch):
     """dw ← dzᵀ · x and db ← Σ_n dz: one launch."""
     rows, cols = dw.shape[0], dw.shape[1] + 1
-    gemm(PARAMS, Tiles.for_shape(rows, cols, TN), (dz,), (x,), (dw, db), rows, cols, dz.shape[0], launch=launch)
+    gemm(PARAMS, Tiles.for_shape(rows, cols, dz.shape[0], TN), (dz,), (x,), (dw, db), rows, cols, dz.shape[0], launch=launch)
 
 
 def dense_backward_data(dz, w, dx, mask=None, launch=launch):
     """dx ← dz · w, zeroed where ``mask`` ≤ 0 when given (the ReLU of the layer below): one launch."""
     rows, cols = dx.shape
     out = (dx, dx if mask is None else mask, mask is not None)
-    gemm(DATA, Tiles.for_shape(rows, cols, TN), (dz,), (w,), out, rows, cols, dz.shape[1], launch=launch)
+    gemm(DATA, Tiles.for_shape(rows, cols, dz.shape[1], TN), (dz,), (w,), out, rows, cols, dz.shape[1], launch=launch)

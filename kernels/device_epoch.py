@@ -19,7 +19,8 @@ Thread-to-data mapping:
   d = k mod D, from sample order[counter·B + b] of the resident set (coalesced along d).
 - ``sgd_scheduled_kernel``  thread k owns parameter k, as ``kernels/sgd.py`` with η = lrs[counter].
 - ``finish_step_kernel``  ONE block: thread t adds up rows t, t + T, … of the per-row losses, the
-  block adds the T partial sums in shared memory (a fixed order, so the result is reproducible),
+  block adds the T partial sums in shared memory (``kernels/reduction.py``: a fixed order, so the
+  result is reproducible),
   and thread 0 writes the mean into loss_log[counter], notes a non-finite loss, and advances the
   counter — the step's last kernel, so every earlier kernel of the step read the old value.
 - ``score_rows_kernel``  thread n owns row n of a batch of logits: correct[n] = [argmax = label]
@@ -36,6 +37,7 @@ from numba import float32, float64
 
 from kernels.device import cuda
 from kernels.launch import grid_1d, launch
+from kernels.reduction import block_sum
 
 FINISH_THREADS = 256          # the block of finish_step_kernel and sum_scores_kernel (a power of two)
 
@@ -61,31 +63,18 @@ def sgd_scheduled_kernel(w, v, g, lrs, counter, momentum, weight_decay):
         w[k] -= lrs[counter[0]] * velocity
 
 
-@cuda.jit(device=True)
-def block_sum(partial, value):
-    """Σ over the block of each thread's ``value``, by halving in shared memory (``partial``: one slot a thread)."""
-    t = cuda.threadIdx.x
-    partial[t] = value
-    cuda.syncthreads()
-    half = cuda.blockDim.x // 2
-    while half > 0:
-        if t < half:
-            partial[t] += partial[t + half]
-        cuda.syncthreads()
-        half //= 2
-    return partial[0]
-
-
 @cuda.jit
 def finish_step_kernel(row_loss, counter, loss_log, first_bad):
     partial = cuda.shared.array(FINISH_THREADS, float64)
+    t = cuda.threadIdx.x
     own = float64(0.0)
-    for n in range(cuda.threadIdx.x, row_loss.size, cuda.blockDim.x):
+    for n in range(t, row_loss.size, cuda.blockDim.x):
         own += row_loss[n]
-    total = block_sum(partial, own)
-    if cuda.threadIdx.x == 0:
+    partial[t] = own
+    block_sum(partial, t)
+    if t == 0:
         step = counter[0]
-        mean = total / row_loss.size
+        mean = partial[0] / row_loss.size
         loss_log[step] = mean
         if not math.isfinite(mean) and first_bad[0] < 0:
             first_bad[0] = step
@@ -111,17 +100,20 @@ def score_rows_kernel(logits, labels, start, correct, loss):
 
 @cuda.jit
 def sum_scores_kernel(correct, loss, count, totals):
-    partial = cuda.shared.array(FINISH_THREADS, float64)
+    correct_sums = cuda.shared.array(FINISH_THREADS, float64)
+    loss_sums = cuda.shared.array(FINISH_THREADS, float64)
+    t = cuda.threadIdx.x
     own_correct, own_loss = float64(0.0), float64(0.0)
-    for n in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+    for n in range(t, count, cuda.blockDim.x):
         own_correct += correct[n]
         own_loss += loss[n]
-    total_correct = block_sum(partial, own_correct)
-    cuda.syncthreads()                           # everyone has read partial[0] before it is reused
-    total_loss = block_sum(partial, own_loss)
-    if cuda.threadIdx.x == 0:
-        totals[0] = total_correct
-        totals[1] = total_loss
+    correct_sums[t] = own_correct
+    loss_sums[t] = own_loss
+    block_sum(correct_sums, t)
+    block_sum(loss_sums, t)
+    if t == 0:
+        totals[0] = correct_sums[0]
+        totals[1] = loss_sums[0]
 
 
 def gather_step_batch(images, labels, order, counter, batch_images, batch_labels, launch=launch):

