@@ -11,27 +11,21 @@ In a temporary nbgrader course directory (its own gradebook), for every assignme
    its mistake breaks, each with an error message that names what is wrong, and keep every other.
 
 The CUDA assignments run in Numba's simulator here (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1 and the
-notebook kernels inherit it). One module-scoped fixture does all the grading (a kernel start per graded
-notebook, a minute or two in all); the tests then read the gradebook and the autograded notebooks.
+notebook kernels inherit it). One module-scoped fixture does all the grading with tests/nbgrader_course.py
+(a kernel start per graded notebook, a minute or two in all); the tests then read the grades and errors.
 """
 
-import os
-import re
-import shutil
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import nbformat
 import pytest
 
-REPOSITORY = Path(__file__).resolve().parent.parent
-COURSE = REPOSITORY / "assignments"
-# The first six assignments, one per stage of the first half of the course (tests/test_assignments_new.py
-# proves the later ones the same way).
+from nbgrader_course import Course, leaked_solutions, source_notebook, structure_problems, with_solution
+
+# The first six assignments, one per stage of the first half of the course
+# (tests/test_assignments_7_to_11.py proves the later ones the same way).
 ASSIGNMENTS = ["a1_naive_conv", "a2_im2col", "a3_cuda_conv", "a4_fused_conv_pool", "a5_push_backward",
                "a6_gradient_ring"]
-STUDENTS = {"solutions": "source", "blanks": "release"}     # student id -> which version it submits
 
 
 @dataclass(frozen=True)
@@ -109,76 +103,34 @@ WRONG = [
 ]
 
 
-def source_notebook(assignment: str) -> Path:
-    return COURSE / "source" / assignment / f"{assignment}.ipynb"
-
-
-def nbgrader_cells(notebook) -> list:
-    return [cell for cell in notebook.cells if "nbgrader" in cell.metadata]
-
-
-def cell_by_id(notebook, grade_id: str):
-    return next(cell for cell in nbgrader_cells(notebook) if cell.metadata.nbgrader["grade_id"] == grade_id)
+def solution_cell(notebook, grade_id: str):
+    return next(cell for cell in notebook.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
 def wrong_notebook(wrong: Wrong):
     """The source notebook with the mistake put into its solution cell (each edit must match exactly once)."""
     notebook = nbformat.read(source_notebook(wrong.assignment), 4)
-    cell = cell_by_id(notebook, wrong.cell)
+    code = solution_cell(notebook, wrong.cell).source
     for old, new in wrong.edits:
-        assert cell.source.count(old) == 1, f"{wrong.student}: {old!r} is not once in cell {wrong.cell}"
-        cell.source = cell.source.replace(old, new)
-    return notebook
-
-
-def error_message(notebook, grade_id: str) -> str:
-    """What a graded test cell raised ('' when it ran without an error)."""
-    errors = [output for output in cell_by_id(notebook, grade_id).get("outputs", []) if output.output_type == "error"]
-    return " ".join(f"{error.ename}: {error.evalue}" for error in errors)
+        assert code.count(old) == 1, f"{wrong.student}: {old!r} is not once in cell {wrong.cell}"
+        code = code.replace(old, new)
+    return with_solution(notebook, wrong.cell, code)
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """{assignment: {"release": notebook, student: {grade cell id: (score, max score)}, "autograded": {student: notebook}}}."""
-    from nbgrader.api import Gradebook
-    from nbgrader.apps import NbGraderAPI
-    from traitlets.config.loader import PyFileConfigLoader
-
-    root = tmp_path_factory.mktemp("course")
+def course(tmp_path_factory):
+    """The six assignments in a throw-away course directory, generated and graded: (course, grades), where
+    grades[assignment, student] = {test cell id: Grade(score, max_score, error)}."""
+    course = Course(tmp_path_factory.mktemp("course"), ASSIGNMENTS)
+    submissions = []
     for assignment in ASSIGNMENTS:
-        shutil.copytree(COURSE / "source" / assignment, root / "source" / assignment)
-    config = PyFileConfigLoader("nbgrader_config.py", str(COURSE)).load_config()   # the committed settings
-    config.CourseDirectory.root = str(root)
-    config.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
-    # nbgrader runs the `alembic` command when it creates a gradebook: the venv's bin must be on PATH
-    path = os.environ.get("PATH", "")
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"
-    try:
-        api = NbGraderAPI(config=config)
-        outcome = api.generate_assignment("*")          # what `make assignments` runs (here on the six)
-        assert outcome["success"], f"generate_assignment:\n{outcome.get('error')}\n{outcome.get('log')}"
-        for student, version in STUDENTS.items():
-            shutil.copytree(root / version, root / "submitted" / student)
-        for wrong in WRONG:
-            folder = root / "submitted" / wrong.student / wrong.assignment
-            folder.mkdir(parents=True)
-            nbformat.write(wrong_notebook(wrong), folder / f"{wrong.assignment}.ipynb")
-        outcome = api.autograde("*", "*")
-        assert outcome["success"], f"autograde:\n{outcome.get('error')}\n{outcome.get('log')}"
-        results = {assignment: {"release": nbformat.read(root / "release" / assignment / f"{assignment}.ipynb", 4),
-                                "autograded": {}} for assignment in ASSIGNMENTS}
-        submissions = [(assignment, student) for assignment in ASSIGNMENTS for student in STUDENTS]
-        submissions += [(wrong.assignment, wrong.student) for wrong in WRONG]
-        with Gradebook(config.CourseDirectory.db_url) as gradebook:
-            for assignment, student in submissions:
-                submission = gradebook.find_submission(assignment, student)
-                results[assignment][student] = {grade.name: (grade.score, grade.max_score)
-                                                for notebook in submission.notebooks for grade in notebook.grades}
-                results[assignment]["autograded"][student] = nbformat.read(
-                    root / "autograded" / student / assignment / f"{assignment}.ipynb", 4)
-    finally:
-        os.environ["PATH"] = path
-    return results
+        course.submit("solutions", assignment, course.source(assignment))
+        course.submit("blanks", assignment, course.release(assignment))
+        submissions += [(assignment, "solutions"), (assignment, "blanks")]
+    for wrong in WRONG:
+        course.submit(wrong.student, wrong.assignment, wrong_notebook(wrong))
+        submissions.append((wrong.assignment, wrong.student))
+    return course, {(assignment, student): course.autograde(assignment, student) for assignment, student in submissions}
 
 
 def test_there_are_assignments():
@@ -188,84 +140,64 @@ def test_there_are_assignments():
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_source_has_solutions_tests_and_points(assignment):
     notebook = nbformat.read(source_notebook(assignment), 4)
-    cells = nbgrader_cells(notebook)
-    solutions = [cell for cell in cells if cell.metadata.nbgrader["solution"]]
-    tests = [cell for cell in cells if cell.metadata.nbgrader["grade"]]
-    assert solutions and tests
-    for cell in solutions:
-        assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source, cell.metadata.nbgrader["grade_id"]
-    for cell in tests:
-        assert cell.metadata.nbgrader["points"] > 0 and cell.metadata.nbgrader["locked"]
-    assert sum(cell.metadata.nbgrader["points"] for cell in tests) == 10
+    assert not structure_problems(notebook)
+    tests = [cell for cell in notebook.cells if cell.metadata.get("nbgrader", {}).get("grade")]
     assert len(tests) >= 5, "partial credit: a test cell per family of cases, not one per part"
-    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "strip the outputs"
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_release_has_no_solutions(graded, assignment):
-    release = graded[assignment]["release"]
-    source = nbformat.read(source_notebook(assignment), 4)
-    solution_code = {cell.metadata.nbgrader["grade_id"]: cell.source for cell in nbgrader_cells(source)
-                     if cell.metadata.nbgrader["solution"]}
-    for cell in nbgrader_cells(release):
-        if cell.metadata.nbgrader["solution"]:
-            assert "BEGIN SOLUTION" not in cell.source and "raise NotImplementedError()" in cell.source
-            body = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", solution_code[cell.metadata.nbgrader["grade_id"]],
-                             re.S).group(1)
-            assert body.strip().splitlines()[-1].strip() not in cell.source
+def test_release_has_no_solutions(course, assignment):
+    generated, _ = course
+    assert not leaked_solutions(generated.source(assignment), generated.release(assignment))
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_solutions_score_full_marks(graded, assignment):
-    grades = graded[assignment]["solutions"]
+def test_solutions_score_full_marks(course, assignment):
+    grades = course[1][assignment, "solutions"]
     assert grades, "no test cell was graded"
-    missing = {name: score for name, score in grades.items() if score[0] != score[1]}
+    missing = {name: grade for name, grade in grades.items() if grade.score != grade.max_score}
     assert not missing, f"{assignment}: the solutions lose points on {missing}"
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_blanks_score_zero(graded, assignment):
-    grades = graded[assignment]["blanks"]
-    assert grades.keys() == graded[assignment]["solutions"].keys()
-    scored = {name: score for name, score in grades.items() if score[0] != 0}
+def test_blanks_score_zero(course, assignment):
+    grades = course[1][assignment, "blanks"]
+    assert grades.keys() == course[1][assignment, "solutions"].keys()
+    scored = {name: grade for name, grade in grades.items() if grade.score != 0}
     assert not scored, f"{assignment}: the unanswered student version scores on {scored}"
 
 
-def test_every_assignment_has_a_wrong_submission_with_partial_credit(graded):
+def test_every_assignment_has_a_wrong_submission_with_partial_credit(course):
     partial = {wrong.assignment for wrong in WRONG
-               if 0 < sum(score for score, _ in graded[wrong.assignment][wrong.student].values()) < 10}
+               if 0 < sum(grade.score for grade in course[1][wrong.assignment, wrong.student].values()) < 10}
     assert partial == set(ASSIGNMENTS)
 
 
 @pytest.mark.parametrize("wrong", WRONG, ids=lambda wrong: wrong.student)
-def test_wrong_submission_loses_only_what_it_breaks(graded, wrong):
-    grades = graded[wrong.assignment][wrong.student]
+def test_wrong_submission_loses_only_what_it_breaks(course, wrong):
+    grades = course[1][wrong.assignment, wrong.student]
     assert set(wrong.loses) | set(wrong.may_lose) <= grades.keys(), "a test cell named here no longer exists"
-    autograded = graded[wrong.assignment]["autograded"][wrong.student]
     for grade_id, words in wrong.loses.items():
-        assert grades[grade_id][0] == 0, f"{wrong.student}: {grade_id} should fail, scored {grades[grade_id]}"
-        message = error_message(autograded, grade_id)
-        assert words in message, f"{wrong.student}: {grade_id}'s message does not say {words!r}: {message!r}"
-    kept = {name: score for name, score in grades.items() if name not in wrong.loses and name not in wrong.may_lose}
-    lost = {name: score for name, score in kept.items() if score[0] != score[1]}
-    assert not lost, f"{wrong.student} should keep these points, but lost {lost}: " + "; ".join(
-        error_message(autograded, name) for name in lost)
+        assert grades[grade_id].score == 0, f"{wrong.student}: {grade_id} should fail, scored {grades[grade_id]}"
+        assert words in grades[grade_id].error, f"{wrong.student}: {grade_id}'s message does not say {words!r}"
+    lost = {name: grade for name, grade in grades.items()
+            if name not in wrong.loses and name not in wrong.may_lose and grade.score != grade.max_score}
+    assert not lost, f"{wrong.student} should keep these points, but lost {lost}"
 
 
-def test_a_backward_pass_wrong_only_at_stride_2_keeps_the_other_families_points(graded):
-    grades = graded["a1_naive_conv"]["a1-backward-ignores-stride"]
-    assert sum(score for score, _ in grades.values()) == 8
+def test_a_backward_pass_wrong_only_at_stride_2_keeps_the_other_families_points(course):
+    grades = course[1]["a1_naive_conv", "a1-backward-ignores-stride"]
+    assert sum(grade.score for grade in grades.values()) == 8
     for family in ("test_backward_stride1", "test_backward_padding", "test_gradient_check_stride1"):
-        assert grades[family][0] == grades[family][1] > 0, family
-    assert grades["test_backward_stride2"][0] == grades["test_gradient_check_stride2"][0] == 0
+        assert grades[family].score == grades[family].max_score > 0, family
+    assert grades["test_backward_stride2"].score == grades["test_gradient_check_stride2"].score == 0
 
 
 @pytest.mark.parametrize("student, written", [("a5-long-hand-add-into-dx", LONG_HAND_DX),
                                               ("a5-plain-add-into-dx", "dx[n, c, h, col] += g * w[f, c, p, q]")])
-def test_a_non_atomic_add_into_dx_loses_the_atomics_points_naming_its_line(graded, student, written):
-    grades = graded["a5_push_backward"][student]
-    assert grades["test_atomics_conv"] == (0, 2)
-    kernel = cell_by_id(wrong_notebook(next(w for w in WRONG if w.student == student)), "conv_kernel").source
+def test_a_non_atomic_add_into_dx_loses_the_atomics_points_naming_its_line(course, student, written):
+    grade = course[1]["a5_push_backward", student]["test_atomics_conv"]
+    assert (grade.score, grade.max_score) == (0, 2)
+    kernel = solution_cell(wrong_notebook(next(w for w in WRONG if w.student == student)), "conv_kernel").source
     line = kernel[:kernel.index(written)].count("\n") + 1          # the kernel's cell starts with @cuda.jit
-    message = error_message(graded["a5_push_backward"]["autograded"][student], "test_atomics_conv")
-    assert f"line {line}: `{written}`" in message and "cuda.atomic.add" in message, message
+    assert f"line {line}: `{written}`" in grade.error and "cuda.atomic.add" in grade.error, grade.error
