@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 from numba import float32
 
 from kernels.conv_pool_smem import tap, unravel3
@@ -81,6 +82,45 @@ class ConvGeometry(NamedTuple):
     def pooled(self) -> int:
         return self.batch * self.pooled_h * self.pooled_w
 
+    def check_codes(self) -> "ConvGeometry":
+        """One line when a size does not fit the 16 + 8 + 8 bits of ``index_codes``."""
+        if max(self.batch, self.channels, self.filters) >= 1 << 16 or max(self.kernel, self.conv_h, self.conv_w) >= 256:
+            raise ValueError(f"conv geometry {self}: the tiled kernels need batch, channels and filters < 65536 "
+                             f"and kernel and conv output sides < 256")
+        return self
+
+
+class ConvTables(NamedTuple):
+    """Decode tables of one layer, on the device (``conv_tables``): a lookup instead of divisions."""
+
+    taps: object          # t → (c, p, q) of the C × K × K taps of a filter
+    filter_taps: object   # k → (f, p, q) of the F × K × K taps of dX's sum
+    positions: object     # k → (n, ci, cj) of the N × Hc × Wc conv output positions
+
+
+def index_codes(a: int, b: int, c: int) -> np.ndarray:
+    """int32 codes i << 16 | j << 8 | k of every (i, j, k) of an a × b × c grid, in C order.
+
+    A flat index k of the grid would need two integer divisions to split; the kernels read its
+    code instead and split it with shifts (``decode``). (j, k < 256, i < 65536.)
+    """
+    i, j, k = np.indices((a, b, c)).reshape(3, -1)
+    return (i << 16 | j << 8 | k).astype(np.int32)
+
+
+def conv_tables(g: ConvGeometry) -> ConvTables:
+    """The decode tables of ``g``, copied to the device once (the stage keeps them with the layer)."""
+    g.check_codes()
+    return ConvTables(cuda.to_device(index_codes(g.channels, g.kernel, g.kernel)),
+                      cuda.to_device(index_codes(g.filters, g.kernel, g.kernel)),
+                      cuda.to_device(index_codes(g.batch, g.conv_h, g.conv_w)))
+
+
+@cuda.jit(device=True)
+def decode(code):
+    """(i, j, k) of an ``index_codes`` code."""
+    return code >> 16, (code >> 8) & 255, code & 255
+
 
 # -- forward: loaders of the patch matrix, and the bias + ReLU + pool epilogue ------------------
 @cuda.jit(device=True)
@@ -95,7 +135,7 @@ def pooled_window(col, threads_n, window):
 @cuda.jit(device=True)
 def patch_setup(src, col, threads_n):
     """b_setup of the forward: (valid, n, top row, left column) of the input window under column ``col``."""
-    x, g = src
+    x, taps, g = src
     pooled, offset = pooled_window(col, threads_n, g.pool * g.pool)
     n, i, j = unravel3(pooled, g.batch, g.pooled_h, g.pooled_w)
     ci = i * g.pool_stride + offset // g.pool
@@ -106,9 +146,9 @@ def patch_setup(src, col, threads_n):
 @cuda.jit(device=True)
 def patch_load(src, col, t):
     """X[t, col]: the input under tap t = (c, p, q) of the window ``col`` (0 in the padding)."""
-    x, g = src
+    x, taps, g = src
     valid, n, top, left = col
-    c, p, q = tap(t, g.kernel)
+    c, p, q = decode(taps[t])
     h, w = top + p, left + q
     if valid and 0 <= h < g.height and 0 <= w < g.width:
         return x[n, c, h, w]
@@ -158,18 +198,18 @@ def relu_pool_backward_kernel(dy, y, switches, dz, g):
 # -- dW and db: dZ times the patch matrix (plus a column of ones), split along the positions -------
 @cuda.jit(device=True)
 def conv_grad_load(src, f, k):
-    """A[f, k] = dz at position k = (n, ci, cj) of filter f (dz seen as N × F × Hc·Wc)."""
-    dz, g = src
-    plane = g.conv_h * g.conv_w
+    """A[f, k] = dz[n, f, ci, cj] at position k = (n, ci, cj)."""
+    dz, positions, g = src
     if f < g.filters:
-        return dz[k // plane, f, k % plane]
+        n, ci, cj = decode(positions[k])
+        return dz[n, f, ci, cj]
     return float32(0.0)
 
 
 @cuda.jit(device=True)
 def tap_setup(src, col, threads_n):
     """b_setup of dW: (kind, c, p, q) of column ``col`` — kind 0 a tap, 1 the ones column (db), 2 outside."""
-    x, g = src
+    x, positions, g = src
     taps = g.channels * g.kernel * g.kernel
     c, p, q = tap(min(col, taps - 1), g.kernel)
     return (0 if col < taps else (1 if col == taps else 2)), c, p, q
@@ -178,11 +218,11 @@ def tap_setup(src, col, threads_n):
 @cuda.jit(device=True)
 def tap_load(src, col, k):
     """B[k, col] = x under tap (c, p, q) at position k = (n, ci, cj); 1 in the ones column."""
-    x, g = src
+    x, positions, g = src
     kind, c, p, q = col
     if kind != 0:
         return float32(1.0) if kind == 1 else float32(0.0)
-    n, ci, cj = unravel3(k, g.batch, g.conv_h, g.conv_w)
+    n, ci, cj = decode(positions[k])
     h, w = ci * g.stride - g.pad + p, cj * g.stride - g.pad + q
     if 0 <= h < g.height and 0 <= w < g.width:
         return x[n, c, h, w]
@@ -217,18 +257,18 @@ def sum_splits_kernel(partial, dw, db):
 # -- dX: the filters (transposed) times dz read through the windows ----------------------------------
 @cuda.jit(device=True)
 def filter_tap_load(src, c, k):
-    """A[c, k] = w[f, c, p, q] for k = (f, p·K + q) (w seen as F × C × K·K)."""
-    w, g = src
-    area = g.kernel * g.kernel
+    """A[c, k] = w[f, c, p, q] for k = (f, p, q)."""
+    w, filter_taps, g = src
     if c < g.channels:
-        return w[k // area, c, k % area]
+        f, p, q = decode(filter_taps[k])
+        return w[f, c, p, q]
     return float32(0.0)
 
 
 @cuda.jit(device=True)
 def pixel_setup(src, col, threads_n):
     """b_setup of dX: (valid, n, h + pad, w + pad) of input pixel ``col`` = (n, h, w)."""
-    dz, g = src
+    dz, filter_taps, g = src
     n, h, w = unravel3(col, g.batch, g.height, g.width)
     return col < g.batch * g.height * g.width, n, h + g.pad, w + g.pad
 
@@ -236,15 +276,18 @@ def pixel_setup(src, col, threads_n):
 @cuda.jit(device=True)
 def window_grad_load(src, col, k):
     """B[k, col] = dz[n, f, ci, cj] for k = (f, p, q) when (ci, cj)·s + (p, q) − pad is pixel ``col``, else 0."""
-    dz, g = src
+    dz, filter_taps, g = src
     valid, n, h_padded, w_padded = col
-    area = g.kernel * g.kernel
-    f, p, q = k // area, (k % area) // g.kernel, k % g.kernel
-    hi, wi = h_padded - p, w_padded - q
-    if valid and hi >= 0 and wi >= 0 and hi % g.stride == 0 and wi % g.stride == 0:
-        ci, cj = hi // g.stride, wi // g.stride
-        if ci < g.conv_h and cj < g.conv_w:
-            return dz[n, f, ci, cj]
+    f, p, q = decode(filter_taps[k])
+    ci, cj = h_padded - p, w_padded - q
+    if not valid or ci < 0 or cj < 0:
+        return float32(0.0)
+    if g.stride > 1:                                # (a stride of 1 needs no division: every tap lands)
+        if ci % g.stride != 0 or cj % g.stride != 0:
+            return float32(0.0)
+        ci, cj = ci // g.stride, cj // g.stride
+    if ci < g.conv_h and cj < g.conv_w:
+        return dz[n, f, ci, cj]
     return float32(0.0)
 
 
@@ -266,22 +309,23 @@ DATA_GRADS = (row_index, filter_tap_load, pixel_setup, window_grad_load, pixel_s
 # -- tiles, splits, and the host functions the stage calls ---------------------------------------
 def forward_tiles(g: ConvGeometry) -> Tiles:
     """TN = S·S: each thread's register block along the columns is one pooling window."""
-    return Tiles.for_shape(g.filters, g.pooled * g.pool * g.pool, g.taps, tn=g.pool * g.pool)
+    return Tiles.for_columns(g.filters, g.pooled * g.pool * g.pool, g.taps, tn=g.pool * g.pool)
 
 
 def weight_grad_plan(g: ConvGeometry) -> tuple[Tiles, int]:
-    """(tiles, splits) of dW: few columns (T + 1), 8 threads along them, and enough splits of the
-    positions for 2 blocks per SM, each split at least 64 positions long."""
-    tiles = Tiles.for_rows(g.filters, tn=WEIGHT_GRAD_TN, threads_n=8)
-    (blocks_x, blocks_y, _), _ = tiles.grid(g.filters, g.taps + 1)
+    """(tiles, splits) of dW: few columns (T + 1), covered by as few blocks of up to 32 threads along
+    them as will do, and enough splits of the positions for 2 blocks per SM, each ≥ 64 positions long."""
+    columns = g.taps + 1
+    tiles = Tiles.for_rows(g.filters, tn=WEIGHT_GRAD_TN, threads_n=32 if columns > 64 else 16 if columns > 32 else 8)
+    (blocks_x, blocks_y, _), _ = tiles.grid(g.filters, columns)
     wanted = max(1, min(-(-2 * multiprocessors() // (blocks_x * blocks_y)), g.positions // 64))
     tiles = tiles.with_depth(-(-g.positions // wanted))
     return tiles, split_k(g.positions, wanted, tiles.bk)[1]
 
 
 def data_grad_tiles(g: ConvGeometry) -> Tiles:
-    return Tiles.for_shape(g.channels, g.batch * g.height * g.width, g.filters * g.kernel * g.kernel,
-                           tn=WEIGHT_GRAD_TN)
+    return Tiles.for_columns(g.channels, g.batch * g.height * g.width, g.filters * g.kernel * g.kernel,
+                             tn=WEIGHT_GRAD_TN)
 
 
 def partial_shape(g: ConvGeometry) -> tuple[int, int, int]:
@@ -289,14 +333,14 @@ def partial_shape(g: ConvGeometry) -> tuple[int, int, int]:
     return weight_grad_plan(g)[1], g.filters, g.taps + 1
 
 
-def conv_relu_pool_forward_tiled(x, w, b, y, switches, g: ConvGeometry, launch=launch):
+def conv_relu_pool_forward_tiled(x, w, b, y, switches, g: ConvGeometry, tables: ConvTables, launch=launch):
     """y, switches ← maxpool(ReLU(conv(x, w) + b)), one implicit GEMM."""
-    gemm(FORWARD, forward_tiles(g), (w.reshape((g.filters, g.taps)),), (x, g), (b, y, switches, g),
+    gemm(FORWARD, forward_tiles(g), (w.reshape((g.filters, g.taps)),), (x, tables.taps, g), (b, y, switches, g),
          g.filters, g.pooled * g.pool * g.pool, g.taps, launch=launch)
 
 
 def conv_relu_pool_backward_tiled(dy, y, switches, x, w, dx, dw, db, dz, partial, g: ConvGeometry,
-                                  with_dx=True, launch=launch):
+                                  tables: ConvTables, with_dx=True, launch=launch):
     """dz, then dw and db (split-K and its sum), then dx when ``with_dx``: 3 or 4 launches, no atomics.
 
     ``dz`` (N, F, Hc, Wc) and ``partial`` (``partial_shape(g)``) are scratch buffers; every output
@@ -305,10 +349,10 @@ def conv_relu_pool_backward_tiled(dy, y, switches, x, w, dx, dw, db, dz, partial
     launch(relu_pool_backward_kernel, *grid_1d(dz.size), dy, y, switches, dz, g)
     if tuple(partial.shape) != partial_shape(g):
         raise ValueError(f"conv backward: partial sums need shape {partial_shape(g)}, got {partial.shape}")
-    gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (dz.reshape((g.batch, g.filters, g.conv_h * g.conv_w)), g),
-         (x, g), (partial,), g.filters, g.taps + 1, g.positions, partial.shape[0], launch=launch)
+    gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (dz, tables.positions, g), (x, tables.positions, g), (partial,),
+         g.filters, g.taps + 1, g.positions, partial.shape[0], launch=launch)
     launch(sum_splits_kernel, g.filters * (g.taps + 1), SUM_THREADS, partial, dw.reshape((g.filters, g.taps)), db)
     if with_dx:
-        gemm(DATA_GRADS, data_grad_tiles(g), (w.reshape((g.filters, g.channels, g.kernel * g.kernel)), g),
-             (dz, g), (dx.reshape((g.batch, g.channels, g.height * g.width)), g),
+        gemm(DATA_GRADS, data_grad_tiles(g), (w, tables.filter_taps, g), (dz, tables.filter_taps, g),
+             (dx.reshape((g.batch, g.channels, g.height * g.width)), g),
              g.channels, g.batch * g.height * g.width, g.filters * g.kernel * g.kernel, launch=launch)

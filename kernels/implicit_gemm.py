@@ -100,6 +100,22 @@ class Tiles(NamedTuple):
         return tiles.with_depth(inner)
 
     @classmethod
+    def for_columns(cls, rows: int, cols: int, inner: int, tn: int) -> "Tiles":
+        """Tiles with every row in one block (up to 8·TN) and blocks from the columns alone.
+
+        For the convolutions, where loading an element of B costs far more than one of A (an
+        input patch gathered through the window, against a row of filter weights): a block per
+        few rows would load each element of B once per block of rows. The columns supply the
+        blocks: a warp of 32 threads along them, or 16 or 8 when that leaves an SM without one.
+        """
+        for threads_n in (32, 16, 8):
+            tiles = cls.for_rows(rows, tn, threads_n)
+            (blocks_x, blocks_y, _), _ = tiles.grid(rows, cols)
+            if blocks_x * blocks_y >= multiprocessors():
+                break
+        return tiles.with_depth(inner)
+
+    @classmethod
     def for_rows(cls, rows: int, tn: int, threads_n: int = WARP, k_len: int = 8) -> "Tiles":
         """Tiles for a product with ``rows`` rows: TN = ``tn`` results a row per thread, BN/TN = ``threads_n``.
 

@@ -62,13 +62,14 @@ def tiled_conv_relu_pool(x, W, b, stride, pad, size, pool_stride, dy=None, with_
     d_x, d_w, d_b = (cuda.to_device(a) for a in (x, W, b))
     y, switches = poisoned((g.batch, g.filters, g.pooled_h, g.pooled_w)), poisoned(
         (g.batch, g.filters, g.pooled_h, g.pooled_w), np.int32)
-    conv_gemm.conv_relu_pool_forward_tiled(d_x, d_w, d_b, y, switches, g)
+    tables = conv_gemm.conv_tables(g)
+    conv_gemm.conv_relu_pool_forward_tiled(d_x, d_w, d_b, y, switches, g, tables)
     if dy is None:
         return y.copy_to_host(), switches.copy_to_host()
     dx, dW, db = poisoned(x.shape), poisoned(W.shape), poisoned(b.shape)
     dz, partial = poisoned((g.batch, g.filters, g.conv_h, g.conv_w)), poisoned(conv_gemm.partial_shape(g))
     conv_gemm.conv_relu_pool_backward_tiled(cuda.to_device(dy), y, switches, d_x, d_w, dx, dW, db, dz, partial, g,
-                                            with_dx)
+                                            tables, with_dx)
     return (y.copy_to_host(), switches.copy_to_host()), (dx.copy_to_host(), dW.copy_to_host(), db.copy_to_host())
 
 
@@ -115,6 +116,14 @@ def test_weight_grads_split_over_positions_equal_one_block():
     _, (_, dW, db) = tiled_conv_relu_pool(*args, dy)
     _, (_, dW_ref, db_ref) = reference(*args, dy)
     assert rel_error(dW, dW_ref) < TOL and rel_error(db, db_ref) < TOL
+
+
+def test_index_codes_decode_to_the_grid_positions():
+    codes = conv_gemm.index_codes(3, 5, 7)
+    i, j, k = codes >> 16, (codes >> 8) & 255, codes & 255
+    assert (np.stack([i, j, k], axis=1) == np.argwhere(np.ones((3, 5, 7)))).all()
+    with pytest.raises(ValueError, match="sides < 256"):
+        ConvGeometry.of((1, 1, 300, 300), (1, 1, 3, 3), 1, 0, 2, 2).check_codes()
 
 
 def test_tiles_refuse_shapes_that_leave_a_thread_without_a_row():

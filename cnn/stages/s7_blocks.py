@@ -16,7 +16,8 @@ from __future__ import annotations
 from cnn.stages.s4_cuda import INDEX, DenseBlock
 from cnn.stages.s5_cuda_fused import FusedConvPoolBlock
 from kernels import conv_pool_fused, dense_fused, dense_gemm
-from kernels.conv_gemm import ConvGeometry, conv_relu_pool_backward_tiled, conv_relu_pool_forward_tiled, partial_shape
+from kernels.conv_gemm import (ConvGeometry, ConvTables, conv_relu_pool_backward_tiled, conv_relu_pool_forward_tiled,
+                               conv_tables, partial_shape)
 from kernels.conv_pool_smem import conv_relu_pool_backward_smem, conv_relu_pool_forward_smem, fits
 from kernels.dense_loss import dense_softmax_xent
 from kernels.fill import fill
@@ -30,12 +31,17 @@ class TunedConvPoolBlock(FusedConvPoolBlock):
     def __init__(self, stage, index):
         super().__init__(stage, index)
         self.tiled = stage.has("tiled-conv")
+        self.layouts = {}                   # batch -> (geometry, decode tables on the device)
         self.smem = not self.tiled and stage.has("smem-weights") and fits(self.layer.in_channels, self.layer.kernel)
         self.prezeroed = not self.tiled and stage.has("fewer-launches")
 
-    def geometry(self, batch: int) -> ConvGeometry:
-        return ConvGeometry.of((batch, *self.stage.net.activation_shapes()[self.index]), self.params["W"].shape,
-                               self.layer.stride, self.layer.pad, self.pool.size, self.pool.stride)
+    def layout(self, batch: int) -> tuple[ConvGeometry, ConvTables]:
+        """The tiled kernels' geometry and decode tables for this batch size (made once, kept)."""
+        if batch not in self.layouts:
+            g = ConvGeometry.of((batch, *self.stage.net.activation_shapes()[self.index]), self.params["W"].shape,
+                                self.layer.stride, self.layer.pad, self.pool.size, self.pool.stride)
+            self.layouts[batch] = g, conv_tables(g)
+        return self.layouts[batch]
 
     def forward(self, x):
         if not (self.smem or self.tiled):
@@ -45,7 +51,7 @@ class TunedConvPoolBlock(FusedConvPoolBlock):
         self.y, self.switches = self.buffer("y", shape), self.buffer("switches", shape, INDEX)
         if self.tiled:
             conv_relu_pool_forward_tiled(x, self.params["W"], self.params["b"], self.y, self.switches,
-                                         self.geometry(x.shape[0]), self.launch)
+                                         *self.layout(x.shape[0]), self.launch)
         else:
             conv_relu_pool_forward_smem(x, self.params["W"], self.params["b"], self.y, self.switches,
                                         self.layer.stride, self.layer.pad, self.pool.size, self.pool.stride,
@@ -68,12 +74,12 @@ class TunedConvPoolBlock(FusedConvPoolBlock):
 
     def backward_tiled(self, dy, need_dx):
         """dz, dW and db, dX: every output written once, nothing to zero first (``kernels/conv_gemm.py``)."""
-        g = self.geometry(dy.shape[0])
+        g, tables = self.layout(dy.shape[0])
         dx = self.buffer("dx", self.x.shape) if need_dx else self.stage.no_dx
         dz = self.buffer("dz", (g.batch, g.filters, g.conv_h, g.conv_w))
         conv_relu_pool_backward_tiled(dy, self.y, self.switches, self.x, self.params["W"], dx, self.grads["W"],
-                                      self.grads["b"], dz, self.buffer("partial", partial_shape(g)), g, need_dx,
-                                      self.launch)
+                                      self.grads["b"], dz, self.buffer("partial", partial_shape(g)), g, tables,
+                                      need_dx, self.launch)
         return dx if need_dx else None
 
     def zeroed_dx(self, need_dx):
