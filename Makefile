@@ -23,8 +23,9 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 demo: $(VENV)/.installed-core
 	$(PY) -m cnn bench --demo
 
+# The real-data tests read MNIST from $CNN_DATA_DIR, else from data/mnist/, where make demo fetched it.
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest
+	$(if $(CNN_DATA_DIR),,$(if $(wildcard data/mnist/train-images-idx3-ubyte.gz),CNN_DATA_DIR="$(CURDIR)/data")) $(PY) -m pytest
 
 bench: $(VENV)/.installed-core
 	$(PY) -m cnn bench

@@ -3,13 +3,14 @@
 #
 #   CNN_DATA_DIR=/path/to/data sh benchmarks/reproduce.sh
 #
-# 1. the demo: every available stage timed (LeNet-5, batch 64, real MNIST) -> benchmarks/results/bench-*.json
+# 1. the demo, told to write into the committed folder (make demo writes to results/): every available
+#    stage timed (LeNet-5, batch 64, real MNIST) -> benchmarks/results/bench-lenet5-b64-*.json
 #    and its speedup/breakdown plots; the fastest stage trained one epoch, the learning pictures
 #    (digits-learning.png, filters.png, learning-curves.png, ...) written beside them
 # 2. host<->device copies against size (host memcpy on a machine without a GPU)
 # 3. README.md's table between the bench-table markers, from the newest results of each machine
 # Run it on a quiet machine: the results note the load average they were taken under.
 set -e
-python -m cnn bench --demo --pictures-dir benchmarks/results
+python -m cnn bench --demo --out benchmarks/results
 python -m cnn bench --memory
 python -m cnn bench --update-readme

@@ -8,7 +8,6 @@ CUDA stage on a machine without a GPU — ends in one line on stderr and a non-z
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -92,19 +91,31 @@ def build_parser() -> OneLineParser:
 
 
 def cmd_train(args) -> int:
-    from cnn.train import train
+    """Train; the history goes to --out, checked writable before training. A run that stops early
+    (divergence, a checkpoint that cannot be written) still saves its history and says where."""
+    from cnn.checkpoint import check_writable, save_history
     from cnn.machine import machine_info
+    from cnn.train import CheckpointWriteFailed, TrainingDiverged, train
 
     config = config_from_args(args)
-    history = train(config)
+    out = Path(args.out or f"results/train-{config.model}-{config.stage}.json")
+    check_writable(out, "--out")
+    try:
+        history = train(config)
+    except (TrainingDiverged, CheckpointWriteFailed) as err:
+        _, where = save_history(err.history, out)
+        print(f"python -m cnn train: {err}; {where}", file=sys.stderr)
+        return EXIT_FAILED
     history["machine"] = machine_info()
     history["command"] = "python -m cnn " + " ".join(sys.argv[1:])
-    out = Path(args.out or f"results/train-{config.model}-{config.stage}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(history, indent=1))
-    epochs = history["epochs"]
-    print(f"final test accuracy {history['final_test_accuracy']:.2%} after {len(epochs)} epochs, "
-          f"{history['train_seconds'] / max(1, len(epochs)):.1f} s of training per epoch; history in {out}")
+    saved_to, where = save_history(history, out)
+    epochs = len(history["epochs"])
+    print(f"final test accuracy {history['final_test_accuracy']:.2%} after {epochs} epoch{'s' if epochs != 1 else ''}, "
+          f"{history['train_seconds'] / max(1, epochs):.1f} s of training per epoch"
+          + (f"; {where}" if saved_to == out else ""))
+    if saved_to != out:
+        print(f"python -m cnn train: {where}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -115,14 +126,15 @@ def cmd_evaluate(args) -> int:
     from cnn.train import config_from_checkpoint, evaluate, load_checkpoint, load_dataset
 
     saved = load_checkpoint(args.checkpoint)
-    overrides = {"data_dir": args.data_dir, "limit_train": 1, "limit_test": None}
+    overrides = {"data_dir": args.data_dir, "limit_train": 1, "limit_test": None, "progress": True}
     if args.stage:
         overrides["stage"] = args.stage
     config = config_from_checkpoint(saved, **overrides)
     stage = get_stage(config.stage)(get_network(config.model), np.dtype(config.dtype))
     stage.set_params(saved["params"])
-    _, _, test_x, test_y = load_dataset(config)
-    accuracy, loss = evaluate(stage, test_x, test_y)
+    _, _, test_x, test_y = load_dataset(config)         # says where the data came from, in one line
+    with np.errstate(all="ignore"):                     # a diverged checkpoint's loss is shown as nan
+        accuracy, loss = evaluate(stage, test_x, test_y)
     print(f"{args.checkpoint}: {config.model}, stage {config.stage}, epoch {saved['epoch']}: "
           f"test accuracy {accuracy:.2%} ({len(test_y)} images), test loss {loss:.4f}")
     return 0
@@ -139,11 +151,19 @@ def cmd_data(args) -> int:
 
 
 def cmd_stages(args) -> int:
-    from cnn.stages import available_stages, get_stage
+    """One line a stage: ok and what it is, or n/a, why, and that stage's own hint; then, in one line,
+    whether the installed numba-cuda can compile kernels with the installed numpy (when it cannot)."""
+    from cnn.stages import available_stages, get_stage, numba_cuda_problem
+    from cnn.bench.measure import simulator_on
 
+    reasons = []
     for number, (name, reason) in enumerate(available_stages(), start=1):
-        summary = get_stage(name).summary if reason is None else reason
+        summary = get_stage(name).summary if reason is None else reason.split(": ", 1)[1]
         print(f"{number}. {name:<11} {'ok ' if reason is None else 'n/a'}  {summary}")
+        reasons.append(reason or "")
+    problem = None if simulator_on() else numba_cuda_problem()
+    if problem and not any(problem in reason for reason in reasons):
+        print(f"numba-cuda and numpy: {problem}")
     return 0
 
 

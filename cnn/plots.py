@@ -11,6 +11,7 @@ Benchmark plots take the results dict of ``cnn.bench`` (or the path of its JSON 
                       device→host) and the step time itself
 - ``compare_plot``    images/s of every stage on several machines side by side
 - ``transfer_plot``   copy latency and bandwidth against size
+- ``ablation_plot``   stage 7's fixes one at a time and added up (``--ablation`` results)
 
 Learning pictures take the history dicts of ``cnn.train.train`` (or their JSON files):
 
@@ -137,9 +138,19 @@ def breakdown_plot(result, save_to=_DEFAULT):
     for position, median, row in zip(positions, medians, rows):
         time_axes.annotate(f"{fmt_ms(median)} ms", (row["step_ms"]["q3"], position), xytext=(5, 0),
                            textcoords="offset points", va="center", fontsize=8.5)
+    lowest, marked_any = medians.min(), False
+    for key, marker, label in (("back_to_back_ms", "D", "back to back (one wait at the end)"),
+                               ("graph_ms", "^", "as one CUDA graph")):
+        marked = [(position, row[key]["median"]) for position, row in zip(positions, rows) if row.get(key)]
+        if marked:
+            time_axes.scatter([ms for _, ms in marked], [position for position, _ in marked], marker=marker,
+                              color="black", s=22, zorder=3, label=label)
+            lowest, marked_any = min(lowest, *(ms for _, ms in marked)), True
+    if marked_any:
+        time_axes.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False)
     time_axes.set_xscale("log")
-    time_axes.set_xlim(medians.min() / 2, medians.max() * 12)
-    time_axes.set_xlabel("ms per training step (log)")
+    time_axes.set_xlim(lowest / 2, medians.max() * 12)
+    time_axes.set_xlabel("ms per training step (log; bars: phase by phase)")
     figure.suptitle(f"Where a training step's time goes\n{_subtitle(result)}", fontsize=10)
     return _save(figure, save_to, "breakdown.png")
 
@@ -171,6 +182,32 @@ def compare_plot(results, save_to=_DEFAULT):
     figure.suptitle(f"The stages on {len(results)} machines: {model['model']}, batch {model['batch_size']}",
                     fontsize=10)
     return _save(figure, save_to, "compare.png")
+
+
+def ablation_plot(result, save_to=_DEFAULT):
+    """Stage 7's ablation (``python -m cnn bench --ablation``): ms a step of every variant, each fix alone
+    (against the fixes it needs) and the fixes added one by one, annotated with what the fix bought."""
+    result = load(result)
+    rows = result["rows"][::-1]                      # cuda-ring at the top
+    figure = _figure(10, 1.4 + 0.32 * len(rows))
+    axes = figure.add_subplot()
+    positions = np.arange(len(rows))
+    colors = ["#8c8c8c" if row["variant"] == "cuda-ring" else "#4c72b0" if "alone" in row["variant"]
+              else "#55a868" for row in rows]
+    bars = axes.barh(positions, [row["median_ms"] for row in rows], color=colors)
+    axes.bar_label(bars, [f"{fmt_ms(row['median_ms'])} ms  {fmt_factor(row['speedup_vs_baseline'], True)}"
+                          for row in rows], padding=3, fontsize=8)
+    labels = [row["variant"] if not row["variant"].startswith("cumulative") else
+              "all up to " + row["fixes"][-1] if row["fixes"] else row["variant"] for row in rows]
+    axes.set_yticks(positions, labels, fontsize=8)
+    axes.set_xlim(0, max(row["median_ms"] for row in rows) * 1.35)
+    axes.set_xlabel("ms per training step, steps back to back as the trainer runs them "
+                    "(×: against the same stage without that fix)")
+    gpu = (result.get("machine") or {}).get("gpu") or {}
+    axes.set_title(f"Stage 7's fixes, one at a time (blue) and added up (green): {result['model']}, batch "
+                   f"{result['batch_size']}\n{gpu.get('name', 'no GPU')}, {result.get('created', '')[:10]}",
+                   fontsize=10)
+    return _save(figure, save_to, "ablation.png")
 
 
 def _bytes_label(size: float) -> str:

@@ -330,3 +330,30 @@ def test_gpu_transfer_curves_and_kernel_profile(tmp_path):
     assert all(point["gb_per_s"] > 0 for curve in curves.values() for point in curve)
     report = profiling.profile_stage("cuda", tiny_net(), random_batches(tiny_net()), bench_args(tmp_path))
     assert "per-kernel device times (CUDA events" in report
+
+
+def test_snapshots_are_taken_when_the_trainer_runs_steps_in_requests():
+    """cnn.train asks a stage for run_steps(first, count); the wrapper still stops at every snapshot step."""
+    from cnn.train import TrainConfig, train
+
+    net, rng = tiny_net(), np.random.default_rng(0)
+    data = (rng.standard_normal((48, 1, 8, 8)).astype(np.float32), rng.integers(0, 4, 48),
+            rng.standard_normal((8, 1, 8, 8)).astype(np.float32), rng.integers(0, 4, 8))
+    stage = get_stage("numpy")(net).init("he", 0)
+    watched = demo.SnapshotStage(stage, data[2], at_steps=[3])
+    watched.steps_per_sync = 5                  # requests of 5 steps: 0-4 must be cut at 3
+    config = TrainConfig(model="lenet5", stage="numpy", epochs=1, batch_size=4, progress=False, eval_every=0)
+    history = train(config, data, stage=watched)
+    assert 3 in watched.snapshots and watched.steps_done == 12 and len(history["steps"]) == 12
+
+
+def test_demo_writes_to_the_git_ignored_results_folder_unless_told(monkeypatch):
+    from cnn.bench import command
+
+    seen = {}
+    monkeypatch.setattr(command, "simulator_on", lambda: False)
+    monkeypatch.setattr(command, "cmd_demo", lambda args: seen.update(vars(args)) or 0)
+    assert cli.main(["bench", "--demo"]) == 0
+    assert seen["out"] == "results" and seen["pictures_dir"] == "results"
+    assert cli.main(["bench", "--demo", "--out", "benchmarks/results"]) == 0
+    assert seen["out"] == seen["pictures_dir"] == "benchmarks/results"

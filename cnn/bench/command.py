@@ -10,7 +10,7 @@ import argparse
 
 from cnn.argtypes import count, positive_float, positive_int
 from cnn.bench.compare import cmd_compare, cmd_curves
-from cnn.bench.demo import PICTURES_DIR, cmd_demo
+from cnn.bench.demo import DEMO_DIR, cmd_demo
 from cnn.bench.measure import SIMULATOR_REFUSAL, simulator_on
 from cnn.bench.ops import OPS, cmd_op
 from cnn.bench.profiling import cmd_profile
@@ -31,7 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--profile", metavar="STAGE", help="host profile and per-kernel device times of one stage")
     mode.add_argument("--compare", nargs="+", metavar="JSON", help="plot several results files side by side")
     mode.add_argument("--update-readme", nargs="*", metavar="JSON", default=None,
-                      help="rewrite README's bench table from results files (default: newest per machine)")
+                      help="rewrite README's bench table (from these results files; default: the newest run of "
+                           "each machine and workload, and older runs that timed stages the newer did not) and "
+                           "its GPU findings")
+    mode.add_argument("--update-docs", action="store_true",
+                      help="rewrite the measured tables of docs/profiling.md and the stage docstrings from the "
+                           "results files")
     mode.add_argument("--curves", nargs="+", metavar="JSON",
                       help="learning curves from histories written by python -m cnn train")
     mode.add_argument("--demo", action="store_true",
@@ -56,8 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0)
     add("--reference", choices=("auto", "none"), default="auto",
         help="auto: PyTorch rows when torch is importable (pip install -e '.[bench]')")
-    add("--out", default=str(RESULTS_DIR), help="where results files and plots go")
-    add("--pictures-dir", default=str(PICTURES_DIR), help="--demo: where the learning pictures go")
+    add("--out", default=None,
+        help=f"where results files and plots go (default {RESULTS_DIR}/; --demo: {DEMO_DIR}/, git-ignored)")
+    add("--pictures-dir", default=None, help="--demo: where the learning pictures go (default: --out)")
+    add("--no-progress", dest="progress", action="store_false", help="--demo: no progress bar while training")
     add("--readme", default="README.md", help="--update-readme: the file holding the markers")
     add("--no-plots", dest="plots", action="store_false")
     add("--demo-curve-steps", type=count, default=200, help="--demo: steps of each stage's learning curve")
@@ -69,8 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``python -m cnn bench``; returns the exit status."""
+    if args.out is None:        # the demo never writes into the committed results unless told to
+        args.out = str(DEMO_DIR if args.demo else RESULTS_DIR)
+    if args.pictures_dir is None:
+        args.pictures_dir = args.out if args.demo else str(DEMO_DIR)
     if args.update_readme is not None:
         return cmd_update_readme(args)
+    if args.update_docs:
+        from cnn.bench.docs import cmd_update_docs
+        return cmd_update_docs(args)
     if args.compare:
         return cmd_compare(args)
     if args.curves:

@@ -1,10 +1,13 @@
 """``python -m cnn bench --demo`` (``make demo``): benchmark, train the fastest stage, draw every picture.
 
 One run: the stage benchmark on real MNIST; the fastest stage trained one epoch with the course's
-recipe while its predictions on a fixed grid of test digits are recorded (before training, after
-50 steps, at the end); a short learning curve of every fast stage; then the pictures (digits
-learning, the first layer's filters, the learning curves). LeNet-5 must reach
-``DEMO_MIN_ACCURACY`` after that one epoch, or the demo fails.
+recipe (a progress bar with the loss, the test accuracy and images/s) while its predictions on a
+fixed grid of test digits are recorded (before training, after 50 steps, at the end); a short
+learning curve of every fast stage; then the pictures (digits learning, the first layer's filters,
+the learning curves). LeNet-5 must reach ``DEMO_MIN_ACCURACY`` after that one epoch, or the demo fails.
+
+Everything goes to ``results/`` (``DEMO_DIR``, git-ignored) unless ``--out`` says otherwise: the
+committed ``benchmarks/results/`` is rewritten only on purpose (``benchmarks/reproduce.sh``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from cnn.bench.tables import markdown_table
 from cnn.bench.workload import course_hyperparameters
 from cnn.formatting import fmt_ms
 
-PICTURES_DIR = Path("results")
+DEMO_DIR = Path("results")
 
 #: LeNet-5 after one epoch of MNIST with the course's recipe must reach this, or the demo fails
 DEMO_MIN_ACCURACY = 0.97
@@ -57,6 +60,18 @@ class SnapshotStage:
             self.snapshot(self.steps_done)
         return loss
 
+    def run_steps(self, first: int, count: int) -> np.ndarray:
+        """The wrapped stage's ``run_steps`` (how ``cnn.train`` trains), cut at every snapshot step."""
+        losses = []
+        while count > 0:
+            upcoming = [step - self.steps_done for step in self._at if step > self.steps_done]
+            chunk = min([count, *upcoming])
+            losses.append(self._stage.run_steps(first, chunk))
+            first, count, self.steps_done = first + chunk, count - chunk, self.steps_done + chunk
+            if self.steps_done in self._at:
+                self.snapshot(self.steps_done)
+        return np.concatenate(losses) if losses else np.empty(0)
+
 
 def fastest_stage(result: dict) -> str:
     if not result["stages"]:
@@ -64,10 +79,12 @@ def fastest_stage(result: dict) -> str:
     return max(result["stages"], key=lambda row: row["images_per_s"])["name"]
 
 
-def train_with_snapshots(stage_name: str, data, grid_images, args, snapshot_step: int = 50, epochs: int = 1):
+def train_with_snapshots(stage_name: str, data, grid_images, args, snapshot_step: int = 50, epochs: int = 1,
+                         progress: bool = False):
     """Train ``stage_name`` for ``epochs`` with the course's recipe, snapshotting predictions on ``grid_images``.
 
     Snapshots: before training (0), after ``snapshot_step`` steps, after the last epoch ("end").
+    ``progress``: the trainer's progress bar (loss, test accuracy, images/s).
     """
     from cnn.model import get_network
     from cnn.stages import get_stage
@@ -76,7 +93,7 @@ def train_with_snapshots(stage_name: str, data, grid_images, args, snapshot_step
     steps_per_epoch = len(data[0]) // args.batch_size
     config = TrainConfig(model=args.model, stage=stage_name, epochs=epochs, batch_size=args.batch_size,
                          seed=args.seed, dtype=args.dtype, eval_every=max(1, min(25, steps_per_epoch // 20)),
-                         eval_subset=1000, progress=False)
+                         eval_subset=1000, progress=progress)
     stage = get_stage(stage_name)(get_network(args.model), np.dtype(args.dtype)).init(config.init, args.seed)
     watched = SnapshotStage(stage, grid_images, [snapshot_step])
     watched.snapshot(0)
@@ -143,7 +160,8 @@ def demo(args, data=None, progress=print) -> dict:
     progress(f"training stage {stage_name} (the fastest here) for one epoch: lr {lr:g}, momentum {momentum:g}, "
              f"weight decay {decay:g}, batch {size} ...")
     indices = grid_indices(data[3])
-    history, snapshots, stage = train_with_snapshots(stage_name, data, data[2][indices], args)
+    history, snapshots, stage = train_with_snapshots(stage_name, data, data[2][indices], args,
+                                                     progress=getattr(args, "progress", True))
     curves = (learning_curve_runs(result, data, args, args.demo_curve_steps, progress=progress)
               if args.demo_curve_steps else {})
     paths = {"results": str(json_path), **result["plots"],
@@ -157,10 +175,10 @@ def demo(args, data=None, progress=print) -> dict:
 
 
 def demo_pictures(args, net, data, indices, stage_name, history, snapshots, stage, curves) -> dict:
-    """Write the demo's histories and pictures to ``args.pictures_dir``; {picture: path}."""
+    """Write the demo's histories and pictures to ``args.pictures_dir`` (default: ``args.out``); {picture: path}."""
     from cnn import plots as pictures
 
-    out = Path(args.pictures_dir)
+    out = Path(args.pictures_dir or args.out)
     write_json(out / f"demo-history-{stage_name}.json", history)
     steps = history["epochs"][-1]["step"]
     titles = {0: "before training", 50: "after 50 steps", "end": f"after 1 epoch ({steps} steps)"}

@@ -1,7 +1,8 @@
 """The results files: what every one of them starts with, their names, writing and reading them.
 
-Every file ``python -m cnn bench`` writes (``benchmarks/results/KIND-MACHINE-DEVICE-DATE.json``)
-starts with the same header, ``results_header(kind)``::
+Every file ``python -m cnn bench`` writes (``benchmarks/results/KIND-MACHINE-DEVICE-DATE.json``; a
+benchmark's or an ablation's KIND carries its workload, ``bench-lenet5-b64``) starts with the same
+header, ``results_header(kind)``::
 
     {"schema": "cnn-bench/1", "kind": "stages" | "op" | "memory" | "ablation" | "ring-timeline",
      "created": ISO time, "command": "python -m cnn bench ...",
@@ -10,6 +11,11 @@ starts with the same header, ``results_header(kind)``::
 
 and the rest of each kind is described where it is measured (``step_timing``, ``ops``,
 ``transfers``, ``ablation``, ``timeline``).
+
+Two runs of one day on one machine are told apart by a tag after the date, the commit they
+measured: ``bench-lenet5-b64-…-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json`` is the first H100
+session, the same name without a tag the second (``run_tag``). ``shown_results`` picks the files
+README shows.
 """
 
 from __future__ import annotations
@@ -109,6 +115,66 @@ def load_results(path) -> dict:
     if not isinstance(result, dict) or result.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a bench results file (no \"schema\": \"{SCHEMA}\")")
     return result
+
+
+def run_tag(path) -> str:
+    """The tag after the date in a results file's name ('f5350bb'), or '' when it has none."""
+    found = re.search(r"-\d{4}-\d{2}-\d{2}-([0-9a-f]{7,40})\.(json|csv|log)$", Path(path).name)
+    return found.group(1) if found else ""
+
+
+def bench_results(out_dir) -> list[tuple[Path, dict]]:
+    """Every readable bench (``kind: stages``) results file in ``out_dir``, oldest first."""
+    found = []
+    for path in sorted(Path(out_dir).glob("bench-*.json")):
+        try:
+            result = load_results(path)
+        except ValueError:
+            continue
+        if result.get("kind") == "stages":
+            found.append((path, result))
+    return sorted(found, key=lambda item: item[1]["created"])
+
+
+def result_group(result: dict) -> str:
+    """What two results must share to be runs of the same measurement: machine, device and workload."""
+    config = result.get("config", {})
+    return results_stem(f"bench-{workload(config.get('model'), config.get('batch_size'))}", result["machine"], "")
+
+
+def row_names(result: dict) -> set[str]:
+    return {row["name"] for row in result["stages"] + result["references"]}
+
+
+def shown_results(out_dir) -> list[Path]:
+    """The bench files README shows: for each machine, device and workload the newest run, and every
+    older run that measured a stage or reference no newer run did (the first H100 session timed
+    stages 2-7, the second only stages 6-7 after new fixes: both are shown).
+
+    In order: machines without a GPU first, then by network (as ``cnn.model.NETWORKS`` lists them) and
+    batch size, each group oldest first.
+    """
+    from cnn.model import NETWORKS
+
+    def order(runs):
+        machine, config = runs[0][1]["machine"], runs[0][1]["config"]
+        networks = list(NETWORKS)
+        return (bool(machine.get("gpu")), networks.index(config["model"]) if config["model"] in networks
+                else len(networks), config["batch_size"])
+
+    groups: dict[str, list[tuple[Path, dict]]] = {}
+    for path, result in bench_results(out_dir):
+        groups.setdefault(result_group(result), []).append((path, result))
+    shown = []
+    for runs in groups.values():
+        newer: set[str] = set()
+        kept = []
+        for path, result in reversed(runs):                      # newest first
+            if not kept or row_names(result) - newer:
+                kept.append(path)
+            newer |= row_names(result)
+        shown.append((order(runs), kept[::-1]))
+    return [path for _, paths in sorted(shown, key=lambda item: item[0]) for path in paths]
 
 
 def newest_results(out_dir) -> list[Path]:

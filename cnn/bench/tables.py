@@ -98,3 +98,59 @@ def compare_table(results: list[dict]) -> str:
             cells.append("—" if row is None else f"{row['images_per_s']:,.1f}")
         lines.append("| " + " | ".join([name, *cells]) + " |")
     return "\n".join(lines)
+
+
+def markdown(header: list[str], cells: list[list[str]]) -> str:
+    """A plain Markdown table."""
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
+                     ["| " + " | ".join(line) + " |" for line in cells])
+
+
+def ablation_table(columns: list[tuple[str, dict]]) -> str:
+    """Stage 7's ablation, one column per (label, ablation result): ms a step, × against the same stage
+    without that fix, launches a step; rows in the order of the result with the most variants."""
+    variants = max((result["rows"] for _, result in columns), key=len)
+    header = ["variant", *(f"{label}: ms a step (× what the fix bought), launches" for label, _ in columns)]
+    cells = []
+    for variant in (row["variant"] for row in variants):
+        line = [variant.replace("cumulative: ", "all of: ") if len(variant) < 60 else
+                "all of: …, " + ", ".join(variant.split(" + ")[-2:])]
+        for _, result in columns:
+            row = next((r for r in result["rows"] if r["variant"] == variant), None)
+            line.append("—" if row is None else f"{fmt_ms(row['median_ms'])} ({fmt_factor(row['speedup_vs_baseline'])}), "
+                                                f"{row.get('launches_per_step', '—')}")
+        cells.append(line)
+    return markdown(header, cells)
+
+
+def kernel_table(profile: dict) -> str:
+    """A ``cnn.bench.nsight.kernel_summary`` as Markdown: a row a kernel, the most expensive first."""
+    header = ["kernel", "what it computes", "launches a step", "µs a step", "share", "SM throughput, % of peak",
+              "grid × block"]
+    cells = []
+    for row in sorted(profile["kernels"], key=lambda kernel: -kernel["us"]):
+        low, high = row["sm_percent"] or (None, None)
+        sm = "—" if low is None else (f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}–{high:.0f}")
+        cells.append([f"`{row['kernel']}`", row["role"], f"{row['launches']:g}", f"{row['us']:,.1f}",
+                      f"{100 * row['share']:.1f} %", sm, f"{row['grid']} × {row['block']}"])
+    cells.append(["**all**", "", f"{sum(row['launches'] for row in profile['kernels']):g}",
+                  f"**{profile['total_us']:,.1f}**", "100 %", "", ""])
+    return markdown(header, cells)
+
+
+def back_to_back_table(columns: list[tuple[str, dict]]) -> str:
+    """Per (label, bench result): every row's step phase by phase, back to back, and as one CUDA graph (ms)."""
+    names = []
+    for _, result in columns:
+        names += [row["name"] for row in result["stages"] + result["references"] if row["name"] not in names]
+    header = ["stage", *(f"{label}: {kind}" for label, _ in columns
+                         for kind in ("phase by phase", "back to back", "as one CUDA graph"))]
+    cells = []
+    for name in names:
+        line = [name]
+        for _, result in columns:
+            row = next((r for r in result["stages"] + result["references"] if r["name"] == name), None)
+            for key in ("step_ms", "back_to_back_ms", "graph_ms"):
+                line.append(fmt_ms(row[key]["median"]) if row and row.get(key) else "—")
+        cells.append(line)
+    return markdown(header, cells)

@@ -46,8 +46,7 @@ perfect caching inside a kernel; only what differs between the two stages is cou
 prints the per-block rows.)
 
 The trade-off — atomic contention (push) against redundant work and reads (pull). Numbers from
-the shape analysis in ``memory_saved`` (no GPU was available when this was written; nothing
-below is a timing):
+the shape analysis in ``memory_saved`` (nothing in this list is a timing; the timings follow it):
 
 - Push touches only the pooling winners: P = N·F·Hp·Wp threads (¼ of the conv outputs for 2×2
   pools, fewer still where the ReLU is inactive), each issuing up to 1 + C·K²·2 atomic adds.
@@ -60,17 +59,23 @@ below is a timing):
   re-reads each dY element from C·K² filter threads and K²/s² input threads: 4× the multiply-adds
   of push for 2×2 pools (``pull_multiply_adds`` vs ``push_atomic_adds_max`` in memory_saved).
 
-Measured on a real GPU: NOT YET MEASURED — fill in from a GPU machine with
+Measured on a real GPU — written by ``python -m cnn bench --update-docs`` from the committed results
+files (``benchmarks/results/``), never by hand:
+
+<!-- generated:gpu-table start -->
+Measured on NVIDIA H100 80GB HBM3, 2026-11-23 (python -m cnn bench; ms a training step, median, phase by phase):
+
+                         cuda (pull)  cuda-fused (push)   launches a step
+    LeNet-5 b64                 9.34               4.74          34 -> 26
+        (commit f5350bb: benchmarks/results/bench-lenet5-b64-intel-xeon-processor-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json)
+    AlexNet-small b128          33.2               16.5          42 -> 30
+        (commit f5350bb: benchmarks/results/bench-alexnet-small-b128-intel-xeon-processor-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json)
+
+The single operations (conv_backward, maxpool_backward, pull against push) have not been timed on a GPU yet:
     python -m cnn bench --op conv-backward --stages cuda,cuda-fused
     python -m cnn bench --op maxpool-backward --stages cuda,cuda-fused
-    python -m cnn bench --stages cuda,cuda-fused --model lenet5 --batch-size 64
-    python -m cnn bench --stages cuda,cuda-fused --model alexnet-small --batch-size 128 --data random
-    | op / step            | cuda (pull) | cuda-fused (push) |
-    |----------------------|-------------|-------------------|
-    | conv_backward        |   TODO      |   TODO            |
-    | maxpool_backward     |   TODO      |   TODO            |
-    | lenet5 step, b=64    |   TODO      |   TODO            |
-    | alexnet-small, b=128 |   TODO      |   TODO            |
+<!-- generated:gpu-table end -->
+
 The simulator cannot give these: it runs threads one block at a time in Python and its events
 return no timing.
 """

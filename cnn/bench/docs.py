@@ -1,0 +1,201 @@
+"""``python -m cnn bench --update-docs``: the measured tables of docs/profiling.md and of the stage
+docstrings, regenerated from the committed results files.
+
+Every generated block sits between two marker lines, ``<!-- generated:NAME start -->`` and
+``<!-- generated:NAME end -->`` (inside a module docstring as well), and is rewritten whole; the
+text around it is written by hand and quotes no measured figure. ``BLOCKS`` lists them: which
+file, which block, and the function that renders it from ``out_dir`` (``benchmarks/results``).
+``stale_blocks()`` says which blocks differ from what the files give (the test suite checks that
+none does, README's blocks included).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cnn.bench import recorded
+from cnn.bench.findings import LENET, ALEXNET, NETWORK_NAMES, findings
+from cnn.bench.nsight import kernel_summary
+from cnn.bench.readme import relative_link, replace_between_markers
+from cnn.bench.results import RESULTS_DIR, run_tag
+from cnn.bench.tables import ablation_table, back_to_back_table, kernel_table, markdown
+from cnn.formatting import fmt_ms
+
+PROFILING = Path("docs/profiling.md")
+STAGE5 = Path("cnn/stages/s5_cuda_fused.py")
+COMMAND = "python -m cnn bench --update-docs"
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- generated:{name} start -->", f"<!-- generated:{name} end -->"
+
+
+def label(model: str, batch: int) -> str:
+    return f"{NETWORK_NAMES.get(model, model)} b{batch}"
+
+
+def session(path, created: str = "") -> str:
+    """How a doc names a results file's run: 'commit f5350bb' when its name carries the commit, else its
+    creation time, else 'the later run of that day' (of one day's files, the tagged ones are older)."""
+    tag = run_tag(path)
+    if tag:
+        return f"commit {tag}"
+    return created.replace("T", " ")[:16] if created else "the later run of that day"
+
+
+# == docs/profiling.md ==========================================================================
+
+def findings_block(out_dir, page: Path) -> str:
+    return "\n\n".join(findings(out_dir, link=lambda path: f"[`{Path(path).name}`]({relative_link(path, page)})"))
+
+
+def kernels_block(out_dir, page: Path) -> str:
+    """Every Nsight Compute profile: the per-kernel table of one training step, and its summary line."""
+    parts = []
+    profiles = sorted(recorded.ncu_profiles(out_dir), key=lambda p: (p["date"], p["tag"] == "", p["model"] != "lenet5"))
+    for profile in profiles:
+        summary = kernel_summary(profile["path"])
+        shares = summary["shares"]
+        parts += [f"**{profile['stage']}, {label(profile['model'], profile['batch'])}** — "
+                  f"{profile['device']}, {profile['date']}, {session(profile['path'])} "
+                  f"([`{profile['path'].name}`]({relative_link(profile['path'], page)}); {summary['steps']} "
+                  f"step{'s' if summary['steps'] > 1 else ''} profiled, per step below): "
+                  f"{fmt_ms(summary['total_us'] / 1e3)} ms of kernel time, the convolutions' backward pass "
+                  f"{100 * shares['conv backward']:.0f} %, their forward pass {100 * shares['conv forward']:.0f} %, "
+                  f"the dense layers {100 * shares['dense']:.0f} %.", "", kernel_table(summary), ""]
+    return "\n".join(parts).strip() or "No Nsight Compute profile in the results files yet."
+
+
+def ablation_block(out_dir, page: Path) -> str:
+    """The ablations, newest session first, both networks side by side."""
+    by_day: dict[tuple, list] = {}
+    for path, result in recorded.ablations(out_dir):
+        key = (str(result.get("created", ""))[:10], run_tag(path))
+        by_day.setdefault(key, []).append((path, result))
+    parts = []
+    for (day, tag), found in sorted(by_day.items(), key=lambda item: (item[0][0], item[0][1] == ""), reverse=True):
+        found.sort(key=lambda item: item[1]["model"] != "lenet5")
+        links = ", ".join(f"[`{path.name}`]({relative_link(path, page)})" for path, _ in found)
+        fixes = max(len(result["rows"]) for _, result in found)
+        parts += [f"**{recorded.when(*found[0]).split(',')[0]}, {day}, {session(found[0][0], found[0][1]['created'])}** "
+                  f"({fixes} rows; {links}):", "",
+                  ablation_table([(label(r['model'], r['batch_size']), r) for _, r in found]), ""]
+    return "\n".join(parts).strip() or "No ablation in the results files yet."
+
+
+def pytorch_block(out_dir, page: Path) -> str:
+    """The newest benchmarks with PyTorch as one CUDA graph, both networks; and the probes of PyTorch."""
+    columns, links = [], []
+    for model, batch in (LENET, ALEXNET):
+        found = recorded.bench_with(model, batch, {"torch-cuda": ["graph_ms"]}, out_dir)
+        if found:
+            columns.append((label(model, batch), found[1]))
+            links.append(f"[`{found[0].name}`]({relative_link(found[0], page)})")
+    parts = []
+    if columns:
+        parts += [f"ms a training step, median ({', '.join(links)}):", "", back_to_back_table(columns)]
+    found = recorded.probes(out_dir)
+    if found:
+        path, content = found
+        rows = [[f"`{name}`", f"{figure['value']:g} {figure['unit']}", figure["what"]]
+                for name, figure in content["figures"].items()]
+        parts += ["", f"Probes — small programs outside the repository, {content['device']}, {content['created']}, "
+                      f"commit {content['commit']} ([`{path.name}`]({relative_link(path, page)}), which says how "
+                      f"each was measured):", "", markdown(["figure", "value", "what"], rows)]
+    return "\n".join(parts).strip() or "No GPU benchmark with PyTorch in the results files yet."
+
+
+def training_block(out_dir, page: Path) -> str:
+    rows = []
+    for stage in ("cuda-fused", "cuda-tuned"):
+        for path, history in recorded.training_runs(stage, out_dir):
+            epochs = history["epochs"]
+            first = epochs[0]["train_seconds"]
+            later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+            rows.append([f"`{stage}`", session(path), str(len(epochs)), f"{history['final_test_accuracy']:.2%}",
+                         f"{first:.1f}", f"{later:.2f}", f"[`{path.name}`]({relative_link(path, page)})"])
+    return markdown(["stage", "run", "epochs", "test accuracy", "first epoch, s (compiles)", "later epochs, s each",
+                     "file"], rows) if rows else "No GPU training run in the results files yet."
+
+
+def copies_block(out_dir, page: Path) -> str:
+    found = recorded.memory_result(out_dir)
+    if found is None:
+        return "No GPU copy measurement in the results files yet (`python -m cnn bench --memory` on a GPU)."
+    path, result = found
+    small, large = 1024, max(point["bytes"] for point in next(iter(result["curves"].values())))
+    rows = []
+    for curve in result["curves"]:
+        first, last = recorded.copy_point(result, curve, small), recorded.copy_point(result, curve, large)
+        rows.append([curve, f"{first['latency_ms']['median'] * 1e3:.0f}", f"{last['gb_per_s']:.1f}"])
+    return (f"{recorded.when(path, result)} ([`{path.name}`]({relative_link(path, page)})):\n\n" +
+            markdown(["copy through numba-cuda", f"µs for {small // 1024} KiB (median)",
+                      f"GB/s at {large // 2**20} MiB"], rows))
+
+
+# == stage docstrings =============================================================================
+
+def stage5_block(out_dir, page: Path) -> str:
+    """Stage 4 (pull) against stage 5 (push) in the newest GPU benchmark that timed both, both networks."""
+    lines = []
+    for model, batch in (LENET, ALEXNET):
+        found = recorded.bench_with(model, batch, {"cuda": [], "cuda-fused": []}, out_dir)
+        if found is None:
+            continue
+        path, result = found
+        pull, push = recorded.row(result, "cuda"), recorded.row(result, "cuda-fused")
+        if not lines:
+            lines += [f"Measured on {result['machine']['gpu']['name']}, {result['created'][:10]} (python -m cnn bench; ms a training step, "
+                      f"median, phase by phase):", "",
+                      f"    {'':<20}{'cuda (pull)':>12}{'cuda-fused (push)':>19}{'launches a step':>18}"]
+        lines.append(f"    {label(model, batch):<20}{fmt_ms(pull['step_ms']['median']):>12}"
+                     f"{fmt_ms(push['step_ms']['median']):>19}"
+                     f"{str(pull['launches_per_step']) + ' -> ' + str(push['launches_per_step']):>18}")
+        lines.append(f"        ({session(path)}: {path.as_posix()})")
+    if not lines:
+        return "No GPU benchmark of stages cuda and cuda-fused in the results files yet."
+    return "\n".join(lines + ["", "The single operations (conv_backward, maxpool_backward, pull against push) have not "
+                                  "been timed on a GPU yet:",
+                              "    python -m cnn bench --op conv-backward --stages cuda,cuda-fused",
+                              "    python -m cnn bench --op maxpool-backward --stages cuda,cuda-fused"])
+
+
+#: (file, block name, renderer): every block ``--update-docs`` writes
+BLOCKS = ((PROFILING, "gpu-findings", findings_block), (PROFILING, "ncu-kernels", kernels_block),
+          (PROFILING, "ablation", ablation_block), (PROFILING, "pytorch", pytorch_block),
+          (PROFILING, "training", training_block), (PROFILING, "copies", copies_block),
+          (STAGE5, "gpu-table", stage5_block))
+
+
+def render(text: str, source: str, name: str, body: str) -> str:
+    start, end = markers(name)
+    block = f"{start}\n{body}\n{end}"
+    return replace_between_markers(text, block, source, start, end)
+
+
+def regenerated(path: Path, out_dir=RESULTS_DIR) -> str:
+    """The text of ``path`` with every block of ``BLOCKS`` in it rendered anew (paths relative to the
+    repository root, the working directory)."""
+    text = path.read_text()
+    for target, name, renderer in BLOCKS:
+        if target == path:
+            text = render(text, str(path), name, renderer(Path(out_dir), path))
+    return text
+
+
+def stale_blocks(out_dir=RESULTS_DIR) -> list[str]:
+    """The files whose generated blocks differ from what ``out_dir``'s files give."""
+    return [str(path) for path in dict.fromkeys(target for target, _, _ in BLOCKS)
+            if regenerated(path, out_dir) != path.read_text()]
+
+
+def cmd_update_docs(args) -> int:
+    out = Path(args.out or RESULTS_DIR)
+    for path in dict.fromkeys(target for target, _, _ in BLOCKS):
+        text = regenerated(path, out)
+        if text != path.read_text():
+            path.write_text(text)
+            print(f"{path}: generated blocks rewritten from {out}")
+        else:
+            print(f"{path}: up to date")
+    return 0
