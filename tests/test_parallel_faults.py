@@ -172,7 +172,7 @@ def test_sandblaster_losing_its_coordinator_resumes_to_the_same_weights(data_dir
     killed = run_parallel("sandblaster", 3, data_dir, tmp_path, limit_train=144, kill_rank=0, kill_at_step=5,
                           checkpoint_every=2, peer_timeout=QUICK)
     assert killed.returncode == 1 and killed.summary["status"] == "stopped"
-    assert "the coordinator, rank 0, held it" in killed.stderr and "image 64" in killed.stderr
+    assert "the coordinator, rank 0, held the model" in killed.stderr and "image 64" in killed.stderr
     resumed = run_parallel("sandblaster", 3, data_dir, tmp_path, limit_train=144, resume=True)
     assert_ran_to_the_end(resumed)
     expected, _ = one_process(data_dir, 16, limit_train=144, schedule="warmup", lr_scale=2)

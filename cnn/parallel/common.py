@@ -139,7 +139,7 @@ class Run:
                         "epochs": [], "train_seconds": 0.0}
         self.state = None            # what a rescue checkpoint saves: an object with get_params/get_momentum
         self.state_lacks = ""        # what that state lacks to continue exactly (e.g. the server's momentum)
-        self.rescue_note = ""        # where the model is when this rank holds none of it
+        self.rescue_note = ""        # why this rank cannot write a rescue checkpoint (when state is None)
         self.completed_steps = 0     # global steps whose update this rank has seen complete
         self.started = time.perf_counter()
         self.train_seconds = None    # wall time of the training loop, set by training_done()
@@ -296,7 +296,7 @@ class Run:
     def _rescue(self) -> str:
         """Write what this rank holds of the last completed step, if it is enough to continue; say so."""
         if self.state is None:
-            return (f"this rank does not hold the model ({self.rescue_note or 'the lost rank did'}); "
+            return (f"nothing written here ({self.rescue_note or 'the lost rank held the model'}); "
                     f"--resume continues from the last checkpoint: {checkpoint.describe(self.checkpoint)}")
         self.save(self.completed_steps, lacks=self.state_lacks)
         written = f"checkpoint of the last completed step ({self.completed_steps}) written to {self.checkpoint}"

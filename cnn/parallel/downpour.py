@@ -63,7 +63,7 @@ def train(run: Run) -> dict:
 def serve(run: Run, stage, params: np.ndarray) -> dict:
     world, timer, comm = run.world, run.timer, run.world.comm
     opt = server_optimizer(params, run.config)
-    run.state = opt
+    run.rescue_note = "the server's state makes sense only with the replicas' positions its checkpoints save"
     size = run.net.num_params
     replicas = list(range(1, world.size))
     version, staleness, next_step = 0, [], {r: 0 for r in replicas}
@@ -75,7 +75,8 @@ def serve(run: Run, stage, params: np.ndarray) -> dict:
         next_step = {int(r): step for r, step in resumed.state["next_step"].items()}
 
     def save() -> None:
-        run.save(min(next_step.values()), state={"updates": version, "staleness": staleness, "next_step": next_step})
+        run.save(min(next_step.values()), model=opt,
+                 state={"updates": version, "staleness": staleness, "next_step": next_step})
 
     inbox = {r: Packet(size, run.dtype) for r in replicas}
     outbox = {r: Packet(size, run.dtype) for r in replicas}
@@ -140,7 +141,7 @@ def _drop_silent(run: Run, active: set, last_heard: dict, requests: list, replic
 def replicate(run: Run, stage, params: np.ndarray) -> dict:
     world, timer, comm, options = run.world, run.timer, run.world.comm, run.options
     local = HostSGD(params, run.config)
-    run.rescue_note = "the server, rank 0, held it"
+    run.rescue_note = "the server, rank 0, held the model"
     size = run.net.num_params
     outgoing, reply = Packet(size, run.dtype), Packet(size, run.dtype)
     send, version, pushed, start = MPI.REQUEST_NULL, 0, 0, 0

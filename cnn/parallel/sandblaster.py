@@ -85,7 +85,7 @@ def train(run: Run) -> dict:
         if resumed:
             coordinator.opt.params[...], coordinator.opt.velocity[...] = resumed.saved.params, resumed.saved.momentum
         return coordinator.coordinate(stage, resumed.step if resumed else 0)
-    run.rescue_note = "the coordinator, rank 0, held it"
+    run.rescue_note = "the coordinator, rank 0, held the model"
     return work(run, stage)
 
 
