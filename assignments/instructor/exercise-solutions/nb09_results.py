@@ -35,7 +35,8 @@ def exercise_1(fast: bool) -> None:
     thousands of times longer because it is not arithmetic-bound at all: stage 4 queues 34 kernel launches
     a step, each costing the host ~28 µs on that machine (about 1 ms a step before any GPU work), copies
     the batch in and the loss out with a synchronisation, and its kernels are far too small to fill the
-    GPU (the worst ran at 5 % of the multiprocessors' throughput). numba-cpu has no launches and no copies,
+    GPU (even stage 7's convolution backward kernel ran at 5 % of the multiprocessors' throughput on
+    LeNet-5). numba-cpu has no launches and no copies,
     and its compiled loops run near the cores' speed. Stages 5–7 attack exactly these costs — fewer
     launches, no copies, better-shaped kernels — which is why they, not raw FLOP/s, decide the speed of a
     network this small; a larger network (AlexNet-small at batch 128) leaves the GPU much further ahead.
