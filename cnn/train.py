@@ -22,25 +22,30 @@ Learning-rate schedules (``lr_at``):
   target rate is k·η (k = ``lr_scale``, e.g. the number of workers); during the first
   ``warmup_epochs`` the rate climbs linearly, batch by batch, from η to k·η.
 
-Checkpoints are ``.npz`` files written to a temporary name and renamed, so a crash never leaves a
-half-written one. They hold parameters, momentum, the position (epoch and batch), the state of the
-shuffling generator at the start of that epoch and the configuration, so ``resume`` reproduces the
-uninterrupted run exactly. A non-finite loss stops training with a message and leaves the last
-good checkpoint in place (seed 000's lesson: too large a learning rate or initial weights).
+Checkpoints (``cnn.checkpoint``) hold parameters, momentum, the position (epoch and batch), the
+state of the shuffling generator at the start of that epoch and the configuration, so ``resume``
+reproduces the uninterrupted run exactly. Before training, the checkpoint's path is checked
+writable and locked against a second run; each checkpoint is written whole or not at all.
+
+The divergence guard (seed 000's lesson: too large a learning rate or initial weights) looks at
+every number the host sees — each step's loss, each test loss — and, before each checkpoint, at the
+parameters themselves: they must be finite and give a finite loss on test images, since a step
+whose loss was finite may still have left exploded weights behind. Anything else stops training
+with one line that names the last good checkpoint, if there is one. The host's arithmetic runs
+under ``np.errstate(all="ignore")``: the guard reports overflow itself, in that one line.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
-import zipfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
+from cnn.checkpoint import (CheckpointLock, check_writable, checkpoint_bytes, load_checkpoint,  # noqa: F401
+                            save_checkpoint)
 from cnn.model import INIT_SCHEMES, get_network
 from cnn.stages import get_stage
 
@@ -102,7 +107,22 @@ class TrainConfig:
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the message says when and what to change."""
+    """The loss or the parameters became NaN or infinite; the message says when and what to change.
+
+    ``history`` holds the run's history up to that point (None when the raiser had none to give)."""
+
+    def __init__(self, message: str, history: dict | None = None):
+        super().__init__(message)
+        self.history = history
+
+
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint could not be written (disk full, file system gone read-only): training stopped,
+    the previous checkpoint is intact and no temporary is left; ``history`` holds the run so far."""
+
+    def __init__(self, message: str, history: dict):
+        super().__init__(message)
+        self.history = history
 
 
 def lr_at(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
@@ -126,6 +146,8 @@ def load_dataset(config: TrainConfig):
 
     name = DATASET_OF_MODEL[config.model]
     dataset = data.load_mnist(config.data_dir) if name == "mnist" else data.load_cifar10(config.data_dir)
+    if config.progress:
+        print(f"data: {dataset.origin}", flush=True)
     dtype = np.dtype(config.dtype)
     train_x = data.normalize(dataset.train_images[:config.limit_train], dataset.mean, dataset.std, dtype)
     test_x = data.normalize(dataset.test_images[:config.limit_test], dataset.mean, dataset.std, dtype)
@@ -147,44 +169,86 @@ def evaluate_loaded(stage, count: int) -> tuple[float, float]:
     return correct / count, loss_sum / count
 
 
-# -- checkpoints --------------------------------------------------------------------------------
-
-def save_checkpoint(path: str | Path, stage, config: TrainConfig, epoch: int, batch: int,
-                    rng_state: dict, history: dict) -> None:
-    """Write atomically: to ``path.tmp`` first, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        np.savez(handle, params=stage.get_params(), momentum=stage.get_momentum(),
-                 epoch=epoch, batch=batch, rng_state=json.dumps(rng_state),
-                 config=json.dumps(asdict(config)), history=json.dumps(history))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str | Path) -> dict:
-    """The checkpoint's contents; a missing or damaged file is one ValueError line naming it."""
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {"params": archive["params"], "momentum": archive["momentum"],
-                    "epoch": int(archive["epoch"]), "batch": int(archive["batch"]),
-                    "rng_state": json.loads(str(archive["rng_state"])),
-                    "config": json.loads(str(archive["config"])),
-                    "history": json.loads(str(archive["history"]))}
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such checkpoint") from None
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise ValueError(f"{path}: not a valid checkpoint ({err})") from None
-
+# -- checkpoints and the divergence guard -------------------------------------------------------
 
 def config_from_checkpoint(saved: dict, **overrides) -> TrainConfig:
     known = {field.name for field in fields(TrainConfig)}
     values = {key: value for key, value in saved["config"].items() if key in known}
     values.update(overrides)
     return TrainConfig(**values)
+
+
+def resume_point(epoch: int, batch: int) -> str:
+    """"epoch E, batch B" (1-based) of the next step to train, from a 0-based position."""
+    return f"epoch {epoch + 1}, batch {batch + 1}"
+
+
+class Guard:
+    """What keeps the run's work: every number the host sees must be finite, and a checkpoint is
+    written only for parameters that are finite and give a finite loss on test images.
+
+    ``last`` is where the last good checkpoint resumes, (epoch, batch) 0-based: the one this run
+    wrote last, or the one it resumed from; None while there is none.
+    """
+
+    def __init__(self, config: TrainConfig, history: dict, test_count: int, last: tuple[int, int] | None = None):
+        self.config, self.history, self.last = config, history, last
+        self.probe_count = min(config.batch_size, test_count)    # test images tried before a mid-epoch checkpoint
+
+    def check(self, value: float, measured: str, epoch: int, batch: int, lr: float) -> None:
+        """Stop training unless ``value`` (``measured`` at step ``batch`` of ``epoch``, 0-based) is finite."""
+        if not math.isfinite(value):
+            raise TrainingDiverged(divergence_message(self.config, value, epoch, batch, lr, self.kept(), measured),
+                                   self.history)
+
+    def checkpoint(self, stage, resume_at: tuple[int, int], rng_state: dict, epoch: int, batch: int, lr: float,
+                   test_loss: float | None = None) -> None:
+        """After step ``batch`` of ``epoch``, write the checkpoint that resumes at ``resume_at`` — if the
+        parameters are sound: finite, and giving a finite test loss (``test_loss`` when the caller has
+        just measured it, else measured here on ``probe_count`` test images)."""
+        params = stage.get_params()                 # a host copy: what is checked is what is written
+        not_finite = params[~np.isfinite(params)]
+        if not_finite.size:
+            self.check(float(not_finite[0]), "a parameter", epoch, batch, lr)
+        if test_loss is None:
+            test_loss = stage.test_scores(self.probe_count)[1] / self.probe_count
+        self.check(test_loss, "the test loss", epoch, batch, lr)
+        try:
+            save_checkpoint(self.config.checkpoint, params, stage.get_momentum(), self.config, *resume_at,
+                            rng_state, self.history)
+        except OSError as err:
+            raise CheckpointWriteFailed(
+                f"cannot write the checkpoint {self.config.checkpoint} after epoch {epoch + 1}, batch {batch + 1} "
+                f"({err.strerror or err}); {self.previous()}; no temporary file is left", self.history) from None
+        self.last = resume_at
+
+    def previous(self) -> str:
+        if self.last is None:
+            return "this run had written no checkpoint yet"
+        return f"the previous checkpoint is intact (it resumes at {resume_point(*self.last)})"
+
+    def kept(self) -> str:
+        if not self.config.checkpoint:
+            return "no checkpoint was being written (--checkpoint PATH keeps one)"
+        if self.last is None:
+            return "this run wrote no checkpoint before it, so none is kept"
+        return f"the last good checkpoint is kept at {self.config.checkpoint} (it resumes at {resume_point(*self.last)})"
+
+
+def divergence_message(config, loss, epoch, batch, lr, kept: str | None = None, measured: str = "loss") -> str:
+    """The one-line error when a number stops being finite (also used by the MPI trainers).
+
+    ``measured`` is what was not finite: "loss" (the training loss at step ``batch`` of ``epoch``,
+    0-based), or what was measured after that step ("the test loss", "a parameter"). ``kept`` says
+    which checkpoint is kept; by default the file at ``config.checkpoint`` if there is one.
+    """
+    if kept is None:
+        kept = ("no checkpoint was being written (--checkpoint PATH keeps one)" if not config.checkpoint
+                else f"the last good checkpoint is kept at {config.checkpoint}" if Path(config.checkpoint).exists()
+                else f"no checkpoint was written before it ({config.checkpoint} does not exist)")
+    when = "at" if measured == "loss" else "after"
+    return (f"training diverged: {measured} is {loss} {when} epoch {epoch + 1}, batch {batch + 1} (lr={lr:g}); "
+            f"lower --lr or the initial weight scale (--init uniform or xavier); {kept}")
 
 
 # -- the loop -----------------------------------------------------------------------------------
@@ -207,9 +271,20 @@ def train(config: TrainConfig, data=None, stage=None) -> dict:
     ``data`` = (train_x, train_y, test_x, test_y) already normalised, or None to load the dataset.
     ``stage`` = a ready stage instance to train (its network and parameters are used as they are), or
     None to build ``config.stage`` for ``config.model``, initialised with ``config.init`` and ``config.seed``.
+
+    With a checkpoint, its path is checked writable (ValueError, one line) and locked against a
+    second run before anything else is done, and stays locked until the run ends.
     """
     config.check()
     net = stage.net if stage is not None else get_network(config.model)
+    if not config.checkpoint:
+        return _train(config, net, data, stage)
+    check_writable(config.checkpoint, "--checkpoint", checkpoint_bytes(net.num_params, config.dtype))
+    with CheckpointLock(config.checkpoint):
+        return _train(config, net, data, stage)
+
+
+def _train(config: TrainConfig, net, data, stage) -> dict:
     train_x, train_y, test_x, test_y = data if data is not None else load_dataset(config)
     if tuple(train_x.shape[1:]) != net.input_shape:
         raise ValueError(f"model {config.model} expects images {net.input_shape}, data has {train_x.shape[1:]}")
@@ -220,33 +295,58 @@ def train(config: TrainConfig, data=None, stage=None) -> dict:
         stage = get_stage(config.stage)(net, np.dtype(config.dtype)).init(config.init, config.seed)
     rng = np.random.default_rng(config.seed)
     history, start_epoch, start_batch = _new_history(config, net.num_params), 0, 0
-
-    if config.resume and Path(config.checkpoint).exists():
-        saved = load_checkpoint(config.checkpoint)
-        stage.set_params(saved["params"])
-        stage.set_momentum(saved["momentum"])
-        rng.bit_generator.state = saved["rng_state"]
-        history, start_epoch, start_batch = saved["history"], saved["epoch"], saved["batch"]
+    resumed = _resume(config, net, stage, rng) if config.resume else None
+    if resumed is not None:
+        history, start_epoch, start_batch = resumed
+    guard = Guard(config, history, len(test_x), last=(start_epoch, start_batch) if resumed else None)
 
     stage.load_dataset(train_x, train_y, test_x, test_y)
-    for epoch in range(start_epoch, config.epochs):
-        epoch_rng_state = rng.bit_generator.state
-        order = rng.permutation(len(train_x))
-        lrs = [lr_at(config, epoch * steps_per_epoch + batch, steps_per_epoch) for batch in range(steps_per_epoch)]
-        stage.begin_epoch(order, lrs, config.batch_size, config.momentum, config.weight_decay)
-        _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, len(test_x), epoch_rng_state, history)
-        start_batch = 0
-        accuracy, loss = evaluate_loaded(stage, len(test_x))
-        history["epochs"].append({"epoch": epoch + 1, "test_accuracy": accuracy, "test_loss": loss,
-                                  "train_seconds": history["train_seconds"],
-                                  "step": (epoch + 1) * steps_per_epoch})
-        if config.progress:
-            print(f"epoch {epoch + 1}/{config.epochs}: test accuracy {accuracy:.2%}, test loss {loss:.4f}, "
-                  f"{history['train_seconds']:.1f} s of training so far", flush=True)
-        if config.checkpoint:
-            save_checkpoint(config.checkpoint, stage, config, epoch + 1, 0, rng.bit_generator.state, history)
+    with np.errstate(all="ignore"):                 # overflow is the guard's to report, in one line
+        for epoch in range(start_epoch, config.epochs):
+            epoch_rng_state = rng.bit_generator.state
+            order = rng.permutation(len(train_x))
+            lrs = [lr_at(config, epoch * steps_per_epoch + batch, steps_per_epoch) for batch in range(steps_per_epoch)]
+            stage.begin_epoch(order, lrs, config.batch_size, config.momentum, config.weight_decay)
+            _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, len(test_x), epoch_rng_state, history,
+                         guard)
+            start_batch = 0
+            accuracy, loss = evaluate_loaded(stage, len(test_x))
+            guard.check(loss, "the test loss", epoch, steps_per_epoch - 1, lrs[-1])
+            history["epochs"].append({"epoch": epoch + 1, "test_accuracy": accuracy, "test_loss": loss,
+                                      "train_seconds": history["train_seconds"],
+                                      "step": (epoch + 1) * steps_per_epoch})
+            if config.progress:
+                print(f"epoch {epoch + 1}/{config.epochs}: test accuracy {accuracy:.2%}, test loss {loss:.4f}, "
+                      f"{history['train_seconds']:.1f} s of training so far", flush=True)
+            if config.checkpoint:
+                guard.checkpoint(stage, (epoch + 1, 0), rng.bit_generator.state, epoch, steps_per_epoch - 1, lrs[-1],
+                                 test_loss=loss)
     history["final_test_accuracy"] = history["epochs"][-1]["test_accuracy"] if history["epochs"] else None
     return history
+
+
+def _resume(config: TrainConfig, net, stage, rng) -> tuple[dict, int, int] | None:
+    """Load ``config.checkpoint`` into the stage and the generator: (history, epoch, batch); None if
+    there is no checkpoint yet. Says which, in one line."""
+    path = Path(config.checkpoint)
+    if not path.exists():
+        print(f"no checkpoint at {path} yet: starting from the beginning", flush=True)
+        return None
+    saved = load_checkpoint(path)
+    model = saved["config"].get("model", "an unknown model")
+    if model != config.model or saved["params"].size != net.num_params:
+        raise ValueError(f"{path}: a checkpoint of {model} ({saved['params'].size:,} parameters), not of "
+                         f"{config.model} ({net.num_params:,}); resume it with --model {model}, "
+                         "or give another --checkpoint")
+    stage.set_params(saved["params"])
+    stage.set_momentum(saved["momentum"])
+    rng.bit_generator.state = saved["rng_state"]
+    epoch, batch = saved["epoch"], saved["batch"]
+    if epoch >= config.epochs:
+        print(f"{path} has finished all {epoch} epochs: nothing left to train (raise --epochs to go on)", flush=True)
+    else:
+        print(f"resuming from {resume_point(epoch, batch)} ({path})", flush=True)
+    return saved["history"], epoch, batch
 
 
 def next_sync(config: TrainConfig, stage, step: int, epoch_end: int) -> int:
@@ -259,45 +359,42 @@ def next_sync(config: TrainConfig, stage, step: int, epoch_end: int) -> int:
     return min(candidates)
 
 
-def _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, test_count, epoch_rng_state, history):
-    """One pass over the epoch's batches, from ``start_batch`` on, in requests of ``run_steps``."""
+def _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, test_count, epoch_rng_state, history, guard):
+    """One pass over the epoch's batches, from ``start_batch`` on, in requests of ``run_steps``.
+
+    A checkpoint due at the epoch's last step is left to the one written after the epoch's evaluation.
+    """
     bar = _progress_bar(steps_per_epoch, start_batch, epoch, config.progress)
     last_accuracy = history["epochs"][-1]["test_accuracy"] if history["epochs"] else float("nan")
     batch = start_batch
-    while batch < steps_per_epoch:
-        first_step = epoch * steps_per_epoch        # sync points are counted in global steps
-        end = next_sync(config, stage, first_step + batch, first_step + steps_per_epoch) - first_step
-        started, before = time.perf_counter(), history["train_seconds"]
-        losses = stage.run_steps(batch, end - batch)
-        elapsed = time.perf_counter() - started
-        for offset, loss in enumerate(losses):
-            step = epoch * steps_per_epoch + batch + offset
-            lr = float(stage.plan.lrs[batch + offset])
-            if not math.isfinite(loss):
-                bar.close()
-                raise TrainingDiverged(divergence_message(config, loss, epoch, batch + offset, lr))
-            seconds = before + elapsed * (offset + 1) / len(losses)
-            history["steps"].append([step + 1, float(loss), lr, seconds])
-        history["train_seconds"] = before + elapsed
-        step_after = epoch * steps_per_epoch + end
-        if config.eval_every and step_after % config.eval_every == 0:
-            subset = min(config.eval_subset, test_count)
-            accuracy, test_loss = evaluate_loaded(stage, subset)
-            history["evals"].append([step_after, accuracy, test_loss, history["train_seconds"]])
-            last_accuracy = accuracy
-        shown_accuracy = "n/a" if math.isnan(last_accuracy) else f"{last_accuracy:.2%}"   # none measured yet
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", test_acc=shown_accuracy,
-                        img_s=f"{len(losses) * config.batch_size / elapsed:,.0f}")
-        bar.update(end - batch)
-        if config.checkpoint and config.checkpoint_every and step_after % config.checkpoint_every == 0:
-            save_checkpoint(config.checkpoint, stage, config, epoch, end, epoch_rng_state, history)
-        batch = end
-    bar.close()
-
-
-def divergence_message(config, loss, epoch, batch, lr) -> str:
-    """The one-line error when the loss stops being finite (also used by the MPI trainers)."""
-    kept = (f"the last good checkpoint is kept at {config.checkpoint}" if config.checkpoint
-            else "no checkpoint was being written (--checkpoint PATH keeps one)")
-    return (f"training diverged: loss is {loss} at epoch {epoch + 1}, batch {batch + 1} (lr={lr:g}); "
-            f"lower --lr or the initial weight scale (--init uniform or xavier); {kept}")
+    try:
+        while batch < steps_per_epoch:
+            first_step = epoch * steps_per_epoch        # sync points are counted in global steps
+            end = next_sync(config, stage, first_step + batch, first_step + steps_per_epoch) - first_step
+            started, before = time.perf_counter(), history["train_seconds"]
+            losses = stage.run_steps(batch, end - batch)
+            elapsed = time.perf_counter() - started
+            for offset, loss in enumerate(losses):
+                step = epoch * steps_per_epoch + batch + offset
+                lr = float(stage.plan.lrs[batch + offset])
+                guard.check(loss, "loss", epoch, batch + offset, lr)
+                seconds = before + elapsed * (offset + 1) / len(losses)
+                history["steps"].append([step + 1, float(loss), lr, seconds])
+            history["train_seconds"] = before + elapsed
+            step_after, test_loss = epoch * steps_per_epoch + end, None
+            if config.eval_every and step_after % config.eval_every == 0:
+                subset = min(config.eval_subset, test_count)
+                accuracy, test_loss = evaluate_loaded(stage, subset)
+                guard.check(test_loss, "the test loss", epoch, end - 1, lr)
+                history["evals"].append([step_after, accuracy, test_loss, history["train_seconds"]])
+                last_accuracy = accuracy
+            shown_accuracy = "n/a" if math.isnan(last_accuracy) else f"{last_accuracy:.2%}"   # none measured yet
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", test_acc=shown_accuracy,
+                            img_s=f"{len(losses) * config.batch_size / elapsed:,.0f}")
+            bar.update(end - batch)
+            if (config.checkpoint and config.checkpoint_every and step_after % config.checkpoint_every == 0
+                    and end < steps_per_epoch):
+                guard.checkpoint(stage, (epoch, end), epoch_rng_state, epoch, end - 1, lr, test_loss)
+            batch = end
+    finally:
+        bar.close()

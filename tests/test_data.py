@@ -94,12 +94,15 @@ def test_tiny_custom_dataset_loads_with_format_checks_only(tmp_path, suffix):
     np.testing.assert_array_equal(ds.train_images[:, 0], arrays["train-images-idx3-ubyte"])
     np.testing.assert_array_equal(ds.test_labels, arrays["t10k-labels-idx1-ubyte"])
     assert ds.classes == [str(d) for d in range(10)]
-    assert ds.mean == (0.1307,) and ds.std == (0.3081,)
+    pixels = arrays["train-images-idx3-ubyte"] / 255       # not MNIST: normalised with its own statistics
+    assert ds.mean == pytest.approx((pixels.mean(),)) and ds.std == pytest.approx((pixels.std(),))
+    assert "not the MNIST its checksums describe" in ds.origin and "\n" not in ds.origin
 
     lines = data.describe_mnist(tmp_path)
-    assert str(tmp_path) in lines[0]
-    assert len(lines) == 5
-    assert all("not a known MNIST file (format checked only)" in line for line in lines[1:])
+    assert str(tmp_path) in lines[0] and "a local directory" in lines[0]
+    assert len(lines) == 6
+    assert all("not MNIST's content" in line for line in lines[1:5])
+    assert "not the MNIST its checksums describe" in lines[5]
 
 
 def corrupt(name: str, content: bytes):
@@ -197,21 +200,18 @@ def test_verify_sha256():
     assert_one_line_error(error, "dir/file.gz", "checksum mismatch")
 
 
-def test_standard_counts_require_the_known_checksum(tmp_path, monkeypatch):
-    """Files with MNIST's counts must have MNIST's content (counts shrunk here)."""
+def test_files_with_the_known_checksums_are_mnist(tmp_path, monkeypatch):
+    """Files whose SHA256 is MNIST's are MNIST (normalised with its published mean and std); one
+    file with other content makes the set another dataset in MNIST's layout, which loads too."""
     arrays = write_tiny_mnist(tmp_path)
-    counts = {name: len(array) for name, array in arrays.items()}
-    monkeypatch.setattr(mnist_files, "MNIST_COUNTS", counts)
-
     monkeypatch.setattr(mnist_files, "MNIST_SHA256", content_sha256(arrays))
-    data.load_mnist(tmp_path, download=False)
-    assert all(line.endswith("sha256 ok") for line in data.describe_mnist(tmp_path)[1:])
+    ds = data.load_mnist(tmp_path, download=False)
+    assert (ds.mean, ds.std) == (data.MNIST_MEAN, data.MNIST_STD) and "MNIST, the sha256" in ds.origin
+    assert all(line.endswith("sha256 ok") for line in data.describe_mnist(tmp_path)[1:5])
 
-    wrong = content_sha256(arrays) | {"t10k-images-idx3-ubyte": "0" * 64}
-    monkeypatch.setattr(mnist_files, "MNIST_SHA256", wrong)
-    with pytest.raises(DataError) as error:
-        data.load_mnist(tmp_path, download=False)
-    assert_one_line_error(error, str(tmp_path / "t10k-images-idx3-ubyte.gz"), "checksum mismatch")
+    monkeypatch.setattr(mnist_files, "MNIST_SHA256", content_sha256(arrays) | {"t10k-images-idx3-ubyte": "0" * 64})
+    ds = data.load_mnist(tmp_path, download=False)
+    assert ds.mean != data.MNIST_MEAN and "not the MNIST its checksums describe" in ds.origin
 
 
 def test_known_checksums_match_the_shared_copy():
@@ -240,7 +240,7 @@ def test_real_mnist_loads_and_checksums_hold():
     assert ds.test_labels.shape == (10_000,)
     assert np.bincount(ds.train_labels).tolist()[:2] == [5923, 6742]
     lines = data.describe_mnist(directory)
-    assert [line.endswith("sha256 ok") for line in lines[1:]] == [True] * 4
+    assert [line.endswith("sha256 ok") for line in lines[1:5]] == [True] * 4
     # The published mean and std are those of the training pixels.
     normalized = data.normalize(ds.train_images[:20_000], ds.mean, ds.std)
     assert abs(float(normalized.mean())) < 0.01 and abs(float(normalized.std()) - 1) < 0.01
@@ -371,7 +371,8 @@ def test_download_from_good_mirror(tmp_path, mirrors):
     dest = tmp_path / "mnist"
     assert data.download_mnist(dest, mirrors=[f"{server.url}/good/"], checksums=checksums,
                                timeout=5) == dest
-    assert final_names(dest) == sorted(f"{name}.gz" for name in data.MNIST_FILES)
+    assert final_names(dest) == sorted([f"{name}.gz" for name in data.MNIST_FILES] + [mnist_files.FETCHED_FROM])
+    assert (dest / mnist_files.FETCHED_FROM).read_text() == f"the mirror {server.url}/good/\n"
     np.testing.assert_array_equal(data.load_mnist(dest).train_labels,
                                   tiny_mnist_arrays()["train-labels-idx1-ubyte"])
 
@@ -380,7 +381,7 @@ def test_bad_mirrors_fall_through_to_the_good_one(tmp_path, mirrors):
     server, checksums = mirrors
     order = [f"{server.url}/{m}/" for m in ("empty", "corrupt", "cut", "dropped", "good")]
     data.download_mnist(tmp_path, mirrors=order, checksums=checksums, timeout=5)
-    assert final_names(tmp_path) == sorted(f"{name}.gz" for name in data.MNIST_FILES)
+    assert final_names(tmp_path) == sorted([f"{name}.gz" for name in data.MNIST_FILES] + [mnist_files.FETCHED_FROM])
     data.load_mnist(tmp_path)
 
 

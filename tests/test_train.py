@@ -132,15 +132,19 @@ def test_divergence_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
 def test_checkpoint_is_atomic_and_damage_is_reported(tmp_path, monkeypatch):
     stage = get_stage("numpy")(get_network("lenet5")).init("he", 0)
     path = tmp_path / "ckpt.npz"
-    save_checkpoint(path, stage, quiet(), 1, 0, {"a": 1}, {"steps": []})
+
+    def save(epoch):
+        save_checkpoint(path, stage.get_params(), stage.get_momentum(), quiet(), epoch, 0, {"a": 1}, {"steps": []})
+    save(1)
     good = path.read_bytes()
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
     monkeypatch.setattr(np, "savez", crash)
     with pytest.raises(OSError):
-        save_checkpoint(path, stage, quiet(), 2, 0, {"a": 1}, {"steps": []})
+        save(2)
     assert path.read_bytes() == good            # the old checkpoint survived the failed write
+    assert list(tmp_path.iterdir()) == [path]   # and no temporary is left
     monkeypatch.undo()
 
     path.write_bytes(good[:100])

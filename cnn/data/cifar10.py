@@ -8,7 +8,7 @@ import numpy as np
 
 from cnn.data.dataset import DataError, Dataset, PathLike, labels_uint8, shape_str
 from cnn.data.files import read_pickle
-from cnn.data.locations import find_dataset_dir, places_looked
+from cnn.data.locations import check_given_dir, find_dataset_dir, places_looked
 
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -41,6 +41,7 @@ def load_cifar10(data_dir: PathLike | None = None) -> Dataset:
         source=directory,
         mean=CIFAR10_MEAN,
         std=CIFAR10_STD,
+        origin=f"CIFAR-10's python batches in {directory}",
     )
 
 
@@ -49,6 +50,8 @@ def _find_cifar10(data_dir: PathLike | None) -> Path:
         names = (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH)
         return all((directory / name).is_file() for name in names)
 
+    if data_dir is not None:
+        check_given_dir(data_dir)
     found = find_dataset_dir(data_dir, "cifar-10-batches-py", holds)
     if found is not None:
         return found[0]

@@ -42,6 +42,7 @@ class Dataset:
     source: Path  # the directory the files were read from
     mean: tuple[float, ...]  # per channel, of the pixels scaled to [0, 1]
     std: tuple[float, ...]
+    origin: str = ""  # one line: where the files came from and what they are (printed by the trainer)
 
 
 def normalize(images: np.ndarray, mean=MNIST_MEAN, std=MNIST_STD,
@@ -55,6 +56,27 @@ def normalize(images: np.ndarray, mean=MNIST_MEAN, std=MNIST_STD,
     mean = np.asarray(mean, dtype).reshape(-1, 1, 1)
     std = np.asarray(std, dtype).reshape(-1, 1, 1)
     return (images.astype(dtype) / 255 - mean) / std
+
+
+def pixel_statistics(images: np.ndarray, block: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images (N, C, H, W) scaled to [0, 1]: what ``normalize`` takes.
+
+    Counted exactly from how often each value 0..255 occurs (a block of images at a time, so no
+    float copy of the whole set is made): with c_v the count of value v and n = Σ c_v,
+
+        mean = Σ c_v · (v/255) / n        std = √( Σ c_v · (v/255 − mean)² / n )
+
+    A channel whose pixels are all one value has std 0; it gets std 1 (centred only), not a division by 0.
+    """
+    counts = np.zeros((images.shape[1], 256))
+    for start in range(0, len(images), block):
+        for channel, pixels in enumerate(images[start:start + block].swapaxes(0, 1)):
+            counts[channel] += np.bincount(pixels.ravel(), minlength=256)
+    values = np.arange(256) / 255
+    total = np.maximum(counts.sum(axis=1), 1)
+    mean = counts @ values / total
+    std = np.sqrt((counts * (values - mean[:, None]) ** 2).sum(axis=1) / total)
+    return tuple(mean.tolist()), tuple(np.where(std > 0, std, 1.0).tolist())
 
 
 def check_labels(labels: np.ndarray, source) -> None:

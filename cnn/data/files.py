@@ -1,20 +1,19 @@
-"""Dataset files read and written safely: gunzipped when named .gz, written atomically, checksummed,
-and unpickled only as far as numpy arrays and plain values go.
+"""Dataset files read and written safely: gunzipped when named .gz, written atomically
+(``cnn.atomic.replaced_on_success``), checksummed, and unpickled only as far as numpy arrays and
+plain values go.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import io
-import os
 import pickle
-import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
+from cnn.atomic import replaced_on_success
 from cnn.data.dataset import DataError
 
 
@@ -43,25 +42,6 @@ def write_file(path: Path, content: bytes) -> None:
         content = gzip.compress(content, compresslevel=6, mtime=0)
     with replaced_on_success(path) as temporary:
         temporary.write_bytes(content)
-
-
-@contextlib.contextmanager
-def replaced_on_success(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it to `path` if the block succeeds.
-
-    os.replace within one directory is atomic: `path` keeps its old content
-    or gets the complete new one, never half a file. The temporary file is
-    deleted whatever happens.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=f"-{path.name}")
-    os.close(handle)
-    temporary = Path(name)
-    try:
-        yield temporary
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def verify_sha256(content: bytes, expected: str, source) -> None:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from cnn.data.dataset import PathLike
+from cnn.data.dataset import DataError, PathLike
 
 
 #: The repository root (the parent of the `cnn` package). MNIST is looked for
@@ -30,12 +30,22 @@ def find_dataset_dir(data_dir: PathLike | None, subdir: str,
     Each place is `data_dir` if given, else the defaults; a place holds the
     dataset itself or in a subfolder named `subdir` (like `mnist/`).
     """
-    places = [(Path(data_dir), "data_dir")] if data_dir is not None else default_data_dirs()
+    places = [(Path(data_dir), "--data-dir")] if data_dir is not None else default_data_dirs()
     for base, how in places:
         for directory in (base, base / subdir):
             if holds(directory):
                 return directory, how
     return None
+
+
+def check_given_dir(data_dir: PathLike) -> None:
+    """Raise DataError unless ``data_dir`` (given by the user) is an existing directory."""
+    if Path(data_dir).is_dir():
+        return
+    if Path(data_dir).exists():
+        raise DataError(f"{data_dir}: is a file, not a directory; --data-dir names the directory "
+                        "holding the dataset's files")
+    raise DataError(f"{data_dir}: no such directory")
 
 
 def places_looked() -> str:

@@ -1,0 +1,609 @@
+"""Fault injection: does a training run lose work when it is killed, the disk fills, a path is
+read-only, or a second run writes the same checkpoint?
+
+    python benchmarks/fault_injection.py                  # writes benchmarks/results/fault_injection.json
+    python benchmarks/fault_injection.py --readme README.md   # ... and README's reliability block from it
+    python benchmarks/fault_injection.py --quick --results /tmp/f.json    # what the test suite runs
+
+Every scenario runs the real code (``cnn.train``, ``cnn.checkpoint``, ``python -m cnn train``'s
+``main``) on LeNet-5-sized checkpoints and a tiny dataset, a few seconds each:
+
+kill -9 while writing      a child writes checkpoints back to back (each state's parameters filled
+                           with its number) and is killed at a random moment; the checkpoint must
+                           load and be the last acknowledged state or the one being written
+kill -9 while training     a child trains with a checkpoint every step and is killed at a random
+                           moment; the run resumed from its checkpoint must end bit-identical to
+                           an uninterrupted run
+disk full                  a size-limited tmpfs (mounted where this machine allows it, else a
+                           simulated ENOSPC): too small from the start (refused before training),
+                           or filled mid-run (one line; the previous checkpoint intact, no
+                           temporary, the history saved somewhere named)
+read-only paths            --checkpoint / --out in a read-only directory or under a file (refused
+                           before training, one line, exit 2), a file system gone read-only mid-run
+two concurrent writers     two runs on one checkpoint (one refused in one line); the lock of a
+                           run killed -9 (never blocks); two writers bypassing the lock with a
+                           reader loading all the while (never a damaged file)
+
+A trial *fails* when the behaviour differs from the above (a traceback, more than one line, a
+damaged or missing file, a temporary left); it *loses work* when something acknowledged as written
+— a checkpoint whose write had returned, the history of a run that stopped — is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")     # before numpy: forked children share no BLAS threads
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import errno  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from cnn import checkpoint as checkpoints  # noqa: E402
+from cnn.atomic import stale_temporaries  # noqa: E402
+from cnn.data import write_idx  # noqa: E402
+from cnn.model import get_network  # noqa: E402
+from cnn.stages import get_stage  # noqa: E402
+from cnn.train import CheckpointWriteFailed, TrainConfig, train  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "fault_injection.json"
+README_START, README_END = "<!-- fault-injection:start -->", "<!-- fault-injection:end -->"
+LENET5_PARAMS = get_network("lenet5").num_params
+
+
+# -- the bookkeeping ---------------------------------------------------------------------------
+
+@dataclass
+class Scenario:
+    name: str
+    how: str = ""                       # real tmpfs, chmod, simulated ...
+    trials: int = 0
+    failures: list = field(default_factory=list)       # one line per failed trial
+    lost: int = 0                       # trials in which acknowledged work was gone afterwards
+
+    def trial(self, problem: str | None = None, lost: bool = False) -> None:
+        self.trials += 1
+        if problem:
+            self.failures.append(problem)
+        self.lost += bool(lost)
+
+    def row(self) -> dict:
+        return {"scenario": self.name, "how": self.how, "trials": self.trials, "failures": len(self.failures),
+                "lost_work": self.lost, "failure_lines": self.failures[:5]}
+
+
+# -- processes, file systems, data -------------------------------------------------------------
+
+def forked(function, *args) -> tuple[int, int]:
+    """Run ``function(*args, ack=...)`` in a forked child; (pid, read end of the pipe it acks on).
+
+    ``ack(text)`` writes one line to the parent; an exception is acked as "error: ..." (the child
+    exits 1). The child never returns into the parent's code: it leaves by os._exit.
+    """
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        code = 0
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                function(*args, ack=lambda text: os.write(write, f"{text}\n".encode()))
+        except BaseException as err:        # noqa: BLE001 — everything is reported to the parent
+            os.write(write, f"error: {type(err).__name__}: {err}\n".encode()[:8000])
+            code = 1
+        os._exit(code)
+    os.close(write)
+    return pid, read
+
+
+def acks_of(pid: int, read: int) -> list[str]:
+    """Wait for the child; every line it acked."""
+    os.waitpid(pid, 0)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    return b"".join(chunks).decode().splitlines()
+
+
+def kill_at(pid: int, seconds: float) -> None:
+    time.sleep(seconds)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def tmpfs(size: int, read_only: bool = False):
+    """A fresh tmpfs of ``size`` bytes (None where this machine does not let us mount one)."""
+    directory = Path(tempfile.mkdtemp(prefix="faults-tmpfs-"))
+    options = f"size={size},mode=0755" + (",ro" if read_only else "")
+    mounted = (os.geteuid() == 0 and shutil.which("mount") is not None and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], capture_output=True).returncode == 0)
+    try:
+        yield directory if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(directory)], capture_output=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def tiny_data(n_train=96, n_test=32, seed=0):
+    """Random 28×28 images whose class is written into a corner's brightness (LeNet-5 learns it)."""
+    rng = np.random.default_rng(seed)
+
+    def make(n):
+        labels = rng.integers(0, 10, n)
+        images = rng.normal(0, 1, (n, 1, 28, 28)).astype(np.float32)
+        images[:, 0, :7, :7] += labels[:, None, None] * 0.5
+        return images, labels
+    return (*make(n_train), *make(n_test))
+
+
+def tiny_idx_dir(directory: Path) -> Path:
+    """The same kind of data as four IDX files, for runs through the command line."""
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", 64), ("t10k", 32)):
+        labels = rng.integers(0, 10, count).astype(np.uint8)
+        images = rng.integers(0, 50, (count, 28, 28)).astype(np.uint8)
+        images[:, :8, :8] += labels[:, None, None] * 20
+        write_idx(directory / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(directory / f"{prefix}-labels-idx1-ubyte", labels)
+    return directory
+
+
+def config(path: Path | None, **overrides) -> TrainConfig:
+    settings = dict(model="lenet5", stage="numpy", epochs=2, batch_size=16, lr=0.02, progress=False,
+                    checkpoint=str(path) if path else None)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def quiet_train(*args, **kwargs):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return train(*args, **kwargs)
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    """``python -m cnn ARGV`` in this process: (exit code, stdout, stderr)."""
+    from cnn.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:
+            code = exit_.code
+        except BaseException as exc:      # noqa: BLE001 — a traceback is a failed trial, not a crash here
+            code, err = "traceback", io.StringIO(f"{type(exc).__name__}: {exc}")
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_line_refusal(code, out: str, err: str, fragment: str) -> str | None:
+    """None if a run was refused before training in one line containing ``fragment``; else the problem."""
+    lines = err.strip().splitlines()
+    if code != 2 or len(lines) != 1 or fragment not in err:
+        return f"exit {code}, stderr {err.strip()[:200]!r}"
+    if "epoch 1" in out:
+        return "refused only after training"
+    return None
+
+
+def temporaries_in(directory: Path) -> list[Path]:
+    return sorted(directory.glob(".*.tmp"))
+
+
+# -- scenario 1: kill -9 while writing checkpoints ---------------------------------------------
+
+def write_states_forever(path: Path, ack) -> None:
+    """Write checkpoints 1, 2, 3, ...: state k has every parameter k and every momentum −k; ack each."""
+    settings = config(None)
+    for state in range(1, 10**9):
+        params = np.full(LENET5_PARAMS, state, np.float32)
+        checkpoints.save_checkpoint(path, params, -params, settings, state, 0, {"state": state},
+                                    {"steps": [[step, 0.0, 0.02, 0.0] for step in range(state)]})
+        ack(state)
+
+
+def kill_while_writing(trials: int, scratch: Path) -> Scenario:
+    scenario = Scenario("kill -9 at a random moment while checkpoints are written", "SIGKILL")
+    temporaries_left = 0
+    for trial in range(trials):
+        path = scratch / f"kill-write-{trial}" / "ck.npz"
+        path.parent.mkdir()
+        pid, read = forked(write_states_forever, path)
+        kill_at(pid, random.uniform(0.0, 0.25))
+        acked = [int(line) for line in acks_of(pid, read) if line.isdigit()]
+        last = acked[-1] if acked else 0
+        temporaries_left += len(stale_temporaries(path))
+        if not path.exists():
+            scenario.trial(f"trial {trial}: no checkpoint after {last} acknowledged" if last else None, lost=last > 0)
+            continue
+        try:
+            saved = checkpoints.load_checkpoint(path)
+        except ValueError as err:
+            scenario.trial(f"trial {trial}: {err}", lost=True)
+            continue
+        state = saved["epoch"]
+        whole = (np.all(saved["params"] == state) and np.all(saved["momentum"] == -state)
+                 and len(saved["history"]["steps"]) == state)
+        problem = None if whole and state in (last, last + 1) else (
+            f"trial {trial}: checkpoint holds state {state} (whole: {whole}), last acknowledged {last}")
+        scenario.trial(problem, lost=state < last)
+        with checkpoints.CheckpointLock(path):       # the next writer removes what kill -9 left
+            pass
+        if stale_temporaries(path):
+            scenario.trial(f"trial {trial}: the next writer left a killed writer's temporary")
+    scenario.how = f"SIGKILL; {temporaries_left} temporaries left by the kills, all removed by the next writer"
+    return scenario
+
+
+# -- scenario 2: kill -9 while training, then resume ------------------------------------------
+
+def train_acking_checkpoints(settings: TrainConfig, data, ack) -> None:
+    import cnn.train
+
+    save = cnn.train.save_checkpoint
+
+    def save_and_ack(path, params, momentum, config_, epoch, batch, *rest):
+        save(path, params, momentum, config_, epoch, batch, *rest)
+        ack(f"{epoch} {batch}")
+    cnn.train.save_checkpoint = save_and_ack        # this forked child's copy only
+    train(settings, data)
+    ack("done")
+
+
+def kill_while_training(trials: int, scratch: Path) -> Scenario:
+    scenario = Scenario("kill -9 at a random moment while training, then --resume", "SIGKILL")
+    data = tiny_data()
+    reference_stage = get_stage("numpy")(get_network("lenet5")).init("he", 0)
+    started = time.perf_counter()
+    quiet_train(config(scratch / "reference.npz", checkpoint_every=1), data, stage=reference_stage)
+    duration = time.perf_counter() - started
+    for trial in range(trials):
+        path = scratch / f"kill-train-{trial}" / "ck.npz"
+        settings = config(path, checkpoint_every=1)
+        pid, read = forked(train_acking_checkpoints, settings, data)
+        kill_at(pid, random.uniform(0.1, 0.9) * duration + 0.05)
+        lines = acks_of(pid, read)
+        acked = [tuple(map(int, line.split())) for line in lines if line[0].isdigit()]
+        errors = [line for line in lines if line.startswith("error")]
+        if errors:
+            scenario.trial(f"trial {trial}: the run failed before it was killed: {errors[0]}")
+            continue
+        position = None
+        if path.exists():
+            try:
+                saved = checkpoints.load_checkpoint(path)
+                position = (saved["epoch"], saved["batch"])
+            except ValueError as err:
+                scenario.trial(f"trial {trial}: {err}", lost=True)
+                continue
+        lost = bool(acked) and (position is None or position < acked[-1])
+        stage = get_stage("numpy")(get_network("lenet5")).init("he", 0)   # as the killed run began
+        try:
+            quiet_train(config(path, checkpoint_every=1, resume=True), data, stage=stage)
+        except Exception as err:            # noqa: BLE001
+            scenario.trial(f"trial {trial}: resume failed: {type(err).__name__}: {err}", lost=True)
+            continue
+        same = np.array_equal(stage.get_params(), reference_stage.get_params())
+        scenario.trial(None if same and not lost else
+                       f"trial {trial}: resumed from {position}, last acknowledged {acked[-1:]}, bit-identical: {same}",
+                       lost=lost)
+    return scenario
+
+
+# -- scenario 3: disk full ---------------------------------------------------------------------
+
+class FillDiskAt:
+    """Wraps a stage: when epoch ``epoch`` (0-based) begins, ``fill()`` runs (a file fills the disk)."""
+
+    def __init__(self, stage, epoch: int, fill):
+        self.stage, self.epoch, self.fill, self.began = stage, epoch, fill, 0
+
+    def __getattr__(self, name):
+        return getattr(self.stage, name)
+
+    def begin_epoch(self, *args, **kwargs):
+        if self.began == self.epoch:
+            self.fill()
+        self.began += 1
+        return self.stage.begin_epoch(*args, **kwargs)
+
+
+def fill_leaving(directory: Path, free: int):
+    def fill():
+        room = shutil.disk_usage(directory).free - free
+        with open(directory / "filler", "wb") as handle:
+            handle.write(bytes(max(room, 0)))
+    return fill
+
+
+@contextlib.contextmanager
+def failing_write(number: int, code: int = errno.ENOSPC):
+    """A simulated write failure: the ``number``-th checkpoint write writes part of the file, then fails
+    with ``code`` (ENOSPC: a full disk; EROFS: a file system remounted read-only after an error)."""
+    original, calls = np.savez, [0]
+
+    def savez(handle, **arrays):
+        calls[0] += 1
+        if calls[0] == number:
+            handle.write(b"PK" + bytes(1000))
+            raise OSError(code, os.strerror(code))
+        return original(handle, **arrays)
+    np.savez = savez
+    try:
+        yield
+    finally:
+        np.savez = original
+
+
+def stopped_run_keeps_everything(directory: Path, run, expect_epoch_batch) -> tuple[str | None, bool]:
+    """Run ``run()``, which must stop with CheckpointWriteFailed; (problem or None, work lost?)."""
+    path = directory / "ck.npz"
+    try:
+        run()
+        return "the run did not notice the failed write", True
+    except CheckpointWriteFailed as err:
+        message = str(err)
+        history_file, where = checkpoints.save_history(err.history, directory / "history.json")
+    except Exception as err:                # noqa: BLE001
+        return f"{type(err).__name__}: {err}", True
+    saved = checkpoints.load_checkpoint(path) if path.exists() else None
+    intact = saved is not None and (saved["epoch"], saved["batch"]) == expect_epoch_batch
+    history_ok = history_file is not None and len(json.loads(history_file.read_text())["steps"]) > 0
+    if history_file is not None and history_file.parent != directory:
+        history_file.unlink()
+    problems = [text for bad, text in (("\n" in message, "message is more than one line"),
+                                       (not intact, f"previous checkpoint not intact: {saved and saved['epoch']}"),
+                                       (bool(temporaries_in(directory)), "a temporary was left"),
+                                       (not history_ok, f"history not saved: {where}")) if bad]
+    return ("; ".join(problems) or None), not (intact and history_ok)
+
+
+def disk_full(scratch: Path) -> Scenario:
+    scenario = Scenario("disk full")
+    data = tiny_data()
+    with tmpfs(256 << 10) as small:
+        if small is not None:
+            scenario.how = "tmpfs of 256 KiB and 2 MiB"
+            code, out, err = cli("train", "--checkpoint", str(small / "ck.npz"), "--out", str(scratch / "h.json"),
+                                 "--data-dir", str(tiny_idx_dir(scratch / "idx")), "--epochs", "1")
+            scenario.trial(one_line_refusal(code, out, err, "free on its file system"))
+    for fail_at_epoch, every in ((1, 0), (1, 2), (2, 3)):
+        with tmpfs(2 << 20) as disk:
+            stage = get_stage("numpy")(get_network("lenet5")).init("he", 0)
+            if disk is not None:
+                wrapped = FillDiskAt(stage, fail_at_epoch, fill_leaving(disk, 8 << 10))
+                settings = config(disk / "ck.npz", epochs=3, checkpoint_every=every)
+                expected = (fail_at_epoch, 0)           # the epoch-end checkpoint before the disk filled
+                problem, lost = stopped_run_keeps_everything(disk, lambda: quiet_train(settings, data, stage=wrapped),
+                                                             expected)
+            else:
+                scenario.how = "simulated ENOSPC (no tmpfs could be mounted here)"
+                directory = scratch / f"enospc-{fail_at_epoch}-{every}"
+                settings = config(directory / "ck.npz", epochs=3, checkpoint_every=0)
+                with failing_write(fail_at_epoch + 1):
+                    problem, lost = stopped_run_keeps_everything(
+                        directory, lambda: quiet_train(settings, data, stage=stage), (fail_at_epoch, 0))
+            scenario.trial(problem, lost)
+    return scenario
+
+
+# -- scenario 4: read-only paths ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def read_only_directory(scratch: Path):
+    """(directory, how): a read-only tmpfs as root where allowed, else a chmod 0555 directory (not
+    read-only to root: then None)."""
+    with tmpfs(1 << 20, read_only=True) as mounted:
+        if mounted is not None:
+            yield mounted, "read-only tmpfs"
+            return
+    directory = scratch / "read-only"
+    directory.mkdir()
+    directory.chmod(0o555)
+    try:
+        yield (directory, "chmod 0555") if os.geteuid() != 0 else (None, "")
+    finally:
+        directory.chmod(0o755)
+
+
+def read_only_paths(scratch: Path) -> Scenario:
+    scenario = Scenario("read-only paths")
+    data_dir = tiny_idx_dir(scratch / "idx-ro")
+    a_file = scratch / "a-file"
+    a_file.write_text("not a directory")
+    run = ("--data-dir", str(data_dir), "--epochs", "1", "--batch-size", "16")
+    cases = [(("--checkpoint", str(a_file / "ck.npz"), "--out", str(scratch / "h1.json")), "is a file, not a directory"),
+             (("--out", str(a_file / "h.json")), "is a file, not a directory"),
+             (("--checkpoint", str(scratch), "--out", str(scratch / "h0.json")), "is a directory")]
+    with read_only_directory(scratch) as (read_only, how):
+        if read_only is not None:
+            cases += [(("--checkpoint", str(read_only / "ck.npz"), "--out", str(scratch / "h2.json")), "cannot write"),
+                      (("--out", str(read_only / "h.json")), "cannot write")]
+        scenario.how = how or "not available to root without mounting: the file/directory cases only"
+        for arguments, fragment in cases:
+            scenario.trial(one_line_refusal(*cli("train", *arguments, *run), fragment))
+    # A file system that goes read-only mid-run (as ext4 does after an error, errors=remount-ro). A
+    # tmpfs cannot be remounted read-only under the run: its lock file is open for writing.
+    directory = scratch / "goes-read-only"
+    settings = config(directory / "ck.npz", epochs=3)
+    with failing_write(2, errno.EROFS):
+        scenario.trial(*stopped_run_keeps_everything(directory, lambda: quiet_train(settings, tiny_data()), (1, 0)))
+    scenario.how += "; a simulated EROFS mid-run"
+    return scenario
+
+
+# -- scenario 5: two concurrent writers ---------------------------------------------------------
+
+def train_and_report(settings: TrainConfig, data, ack) -> None:
+    try:
+        train(settings, data)
+        ack("done")
+    except ValueError as err:
+        ack(f"refused: {err}")
+
+
+def hold_lock(path: Path, ack) -> None:
+    with checkpoints.CheckpointLock(path):
+        ack("held")
+        time.sleep(60)
+
+
+def write_states(path: Path, sign: int, count: int, ack) -> None:
+    settings = config(None)
+    for state in range(1, count + 1):
+        params = np.full(LENET5_PARAMS, sign * state, np.float32)
+        checkpoints.save_checkpoint(path, params, -params, settings, sign * state, 0, {}, {"steps": []})
+    ack("done")
+
+
+def read_while_written(path: Path, seconds: float, ack) -> None:
+    loads = damaged = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        if not path.exists():
+            continue
+        try:
+            saved = checkpoints.load_checkpoint(path)
+            loads += 1
+            damaged += not np.all(saved["params"] == saved["epoch"])
+        except ValueError:
+            damaged += 1
+    ack(f"{loads} {damaged}")
+
+
+def concurrent_writers(trials: int, scratch: Path) -> Scenario:
+    scenario = Scenario("two concurrent writers of one checkpoint",
+                        "two runs started together; the lock of a run killed -9; two writers bypassing the lock "
+                        "while a reader loads")
+    data = tiny_data()
+    for trial in range(trials):                   # two runs started together: one is refused
+        path = scratch / f"two-runs-{trial}" / "ck.npz"
+        children = [forked(train_and_report, config(path, epochs=3), data) for _ in range(2)]
+        results = sorted(acks_of(pid, read)[-1] for pid, read in children)
+        refused_ok = (results[0] == "done" and results[1].startswith("refused: ")
+                      and "another run (pid" in results[1])
+        ends = checkpoints.load_checkpoint(path)["epoch"] == 3 if path.exists() else False
+        scenario.trial(None if (refused_ok or results == ["done", "done"]) and ends else
+                       f"trial {trial}: {results}, checkpoint complete: {ends}", lost=not ends)
+    for trial in range(trials):                   # the lock of a run killed -9 never blocks
+        path = scratch / f"stale-{trial}" / "ck.npz"
+        path.parent.mkdir()
+        pid, read = forked(hold_lock, path)
+        while not Path(f"{path}.lock").exists() or not Path(f"{path}.lock").read_text():
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        acks_of(pid, read)
+        try:
+            with checkpoints.CheckpointLock(path):
+                scenario.trial()
+        except ValueError as err:
+            scenario.trial(f"trial {trial}: a dead run's lock blocked: {err}")
+    for trial in range(trials):                   # writers that bypass the lock never damage the file
+        path = scratch / f"bypass-{trial}" / "ck.npz"
+        path.parent.mkdir()
+        writers = [forked(write_states, path, sign, 40) for sign in (1, -1)]
+        reader = forked(read_while_written, path, 1.0)
+        crashed = [line for pid, read in writers for line in acks_of(pid, read) if line != "done"]
+        loads, damaged = map(int, acks_of(*reader)[-1].split())
+        scenario.trial(None if not crashed and damaged == 0 and not temporaries_in(path.parent) else
+                       f"trial {trial}: writers {crashed}, {damaged} of {loads} loads damaged", lost=damaged > 0)
+    return scenario
+
+
+# -- the summary, the results file, README's block ------------------------------------------------
+
+def run_all(kill_trials: int, train_trials: int, writer_trials: int) -> list[Scenario]:
+    with tempfile.TemporaryDirectory(prefix="faults-") as scratch_name:
+        scratch = Path(scratch_name)
+        steps = [lambda: kill_while_writing(kill_trials, scratch / "1"),
+                 lambda: kill_while_training(train_trials, scratch / "2"),
+                 lambda: disk_full(scratch / "3"), lambda: read_only_paths(scratch / "4"),
+                 lambda: concurrent_writers(writer_trials, scratch / "5")]
+        scenarios = []
+        for number, step in enumerate(steps, start=1):
+            (scratch / str(number)).mkdir()
+            started = time.perf_counter()
+            scenario = step()
+            print(f"{scenario.name}: {scenario.trials} trials, {len(scenario.failures)} failures, "
+                  f"{scenario.lost} with work lost ({time.perf_counter() - started:.1f} s)", flush=True)
+            for line in scenario.failures[:5]:
+                print(f"    {line}", flush=True)
+            scenarios.append(scenario)
+        return scenarios
+
+
+def summary(scenarios: list[Scenario], seconds: float, command: str) -> dict:
+    from cnn.machine import machine_info
+
+    rows = [scenario.row() for scenario in scenarios]
+    return {"rows": rows, "trials": sum(row["trials"] for row in rows),
+            "failures": sum(row["failures"] for row in rows), "lost_work": sum(row["lost_work"] for row in rows),
+            "seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%d"), "command": command,
+            "machine": machine_info()}
+
+
+def readme_block(results: dict) -> str:
+    """README's reliability paragraph, from a results file: the same words for the same figures."""
+    paragraph = (f"**Reliability**, by fault injection ([`benchmarks/fault_injection.py`](benchmarks/fault_injection.py), "
+                 f"{results['date']}, {results['machine']['cpu']}): **{results['trials']} trials, "
+                 f"{results['failures']} failures, {results['lost_work']} with work lost.** A failure is a traceback, "
+                 "a message of more than one line, a damaged checkpoint or a temporary file left behind; lost "
+                 "work is a checkpoint whose write had returned, or the history of a run that stopped, gone afterwards.")
+    lines = [README_START, f"<!-- generated by `{results['command']} --readme README.md` from "
+             "benchmarks/results/fault_injection.json; do not edit by hand -->",
+             textwrap.fill(paragraph, width=100, break_long_words=False, break_on_hyphens=False),
+             "", "| fault | injected by | trials | failures | work lost |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {row['scenario']} | {row['how']} | {row['trials']} | {row['failures']} | {row['lost_work']} |"
+              for row in results["rows"]]
+    return "\n".join(lines + [README_END])
+
+
+def update_readme(readme: Path, results: dict) -> None:
+    text = readme.read_text()
+    if text.count(README_START) != 1 or text.count(README_END) != 1:
+        raise SystemExit(f"{readme}: needs one {README_START} line and one {README_END} line")
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    readme.write_text(text[:start] + readme_block(results) + text[end:])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer trials (what the test suite runs)")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--readme", type=Path, default=None, help="rewrite this README's reliability block")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    random.seed(args.seed)
+    started = time.perf_counter()
+    trials = (10, 3, 2) if args.quick else (40, 8, 4)
+    scenarios = run_all(*trials)
+    command = "python benchmarks/fault_injection.py" + (" --quick" if args.quick else "")
+    results = summary(scenarios, time.perf_counter() - started, command)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"total: {results['trials']} trials, {results['failures']} failures, {results['lost_work']} with work lost "
+          f"({results['seconds']} s); {args.results}")
+    if args.readme:
+        update_readme(args.readme, results)
+    return 0 if results["failures"] == 0 and results["lost_work"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
