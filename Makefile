@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench train notebooks assignments clean
+.PHONY: demo test bench train notebooks docs assignments clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,16 @@ bench: $(VENV)/.installed-core
 train: $(VENV)/.installed-core
 	$(PY) -m cnn train --stage numpy --model lenet5 --epochs 10
 
+# Every tutorial notebook run top to bottom (a full run, not CNN_FAST) with its outputs stored in it, as
+# they are committed; `python notebooks/execute.py 04 08` runs only some. As root, Open MPI also wants
+# OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment.
 notebooks: $(VENV)/.installed-dev
-	$(PY) -m pytest tests/test_notebooks.py -q
+	$(PY) notebooks/execute.py
+
+# Update the generated blocks of README.md, docs/profiling.md and the stage docstrings from benchmarks/results/.
+docs: $(VENV)/.installed-core
+	$(PY) -m cnn bench --update-readme
+	$(PY) -m cnn bench --update-docs
 
 # The student release (solutions removed) of every assignment, into assignments/release/.
 # nbgrader shells out to alembic when it creates the gradebook, hence the PATH.

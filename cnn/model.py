@@ -204,7 +204,8 @@ LOGITS_SCALE = 0.1   # he: the last layer's standard deviation, relative to He's
 def init_params(net: Network, scheme: str = "he", seed: int = 0, dtype=np.float32) -> np.ndarray:
     """A fresh flat parameter vector; biases start at zero.
 
-    - ``uniform``: W ~ U(−0.05, 0.05), the fix for exploding early gradients in seed 000.
+    - ``uniform``: W ~ U(−0.05, 0.05), the fix for exploding early gradients of a 2017 course
+      report that trained a stripped-down AlexNet on CIFAR-10 (``alexnet_small``).
     - ``xavier``:  W ~ U(−a, a), a = √(6 / (fan_in + fan_out))   (Glorot & Bengio, 2010).
     - ``he``:      W ~ N(0, 2 / fan_in)                            (He et al., 2015; suits ReLU),
                    except the last layer's, which starts 10× smaller (``LOGITS_SCALE``).
@@ -252,7 +253,7 @@ def lenet5() -> Network:
 
 
 def alexnet_small() -> Network:
-    """The stripped-down AlexNet for CIFAR-10 (32×32×3) of seed 000."""
+    """The stripped-down AlexNet for CIFAR-10 (32×32×3) of a 2017 course report on a parameter server over MPI."""
     return Network("alexnet-small", (3, 32, 32), (
         Conv(3, 32, 5, pad=2), ReLU(), MaxPool(2, 2),    # 32×32×32 → 32×16×16
         Conv(32, 32, 5, pad=2), ReLU(), MaxPool(2, 2),   # 32×16×16 → 32×8×8

@@ -1,7 +1,10 @@
-"""Strip the outputs of the course's notebooks before they are committed, or check that they are stripped.
+"""Strip the outputs of the assignment notebooks before they are committed, or check that they are stripped.
 
-    python notebooks/strip_outputs.py            # strip every notebook in notebooks/ and assignments/source/
+    python notebooks/strip_outputs.py            # strip every notebook in assignments/source/
     python notebooks/strip_outputs.py --check    # exit 1, naming them, if any code cell has outputs
+
+Assignment notebooks are nbgrader's source: students get them blank. The tutorial notebooks of this
+folder are the opposite — committed with the outputs of a full run (``python notebooks/execute.py``).
 
 As a git pre-commit hook (``.git/hooks/pre-commit``)::
 
@@ -20,7 +23,7 @@ from pathlib import Path
 import nbformat
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-FOLDERS = (REPOSITORY / "notebooks", REPOSITORY / "assignments" / "source")
+FOLDERS = (REPOSITORY / "assignments" / "source",)
 
 
 def course_notebooks() -> list[Path]:

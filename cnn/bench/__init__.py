@@ -8,7 +8,8 @@ One module per job; the command line (``command.py``) hands each mode to its mod
     --profile STAGE        profiling     host profile (cProfile, or pyinstrument) and per-kernel device times on a GPU
     --compare A.json B..   compare       several results files side by side (e.g. a laptop CPU and a GPU)
     --curves H.json ..     compare       learning curves of several training histories in one picture
-    --update-readme [J..]  readme        rewrite the table between the bench-table markers of README.md
+    --update-readme [J..]  readme        rewrite README.md's bench tables and GPU findings from the results files
+    --update-docs          docs          rewrite the measured blocks of docs/profiling.md and the stage docstrings
     --demo                 demo          the ``make demo`` job: benchmark, train the fastest stage, draw the pictures
     --census [--reduced]   census        launches, copies, allocations per step of stages 6 and 7 (simulator too)
     --ablation             ablation      stage 7's fixes timed one at a time against stage 6 (GPU only)
@@ -21,6 +22,9 @@ and what they share::
     workload   the batches and hyperparameters every benchmark trains with
     tables     Markdown tables of the results (their number formats: ``cnn/formatting.py``, shared with
                the pictures of ``cnn/plots.py``)
+    recorded   the committed results found by what they hold (the newest GPU run that timed stage X, …)
+    nsight     Nsight Compute's CSV read into kernel time per training step, by role
+    findings   what the GPU files say, as sentences whose figures (and wording) come from the files
 
 Under Numba's CUDA simulator every timing mode refuses to run: simulated kernels are Python
 threads, and their times mean nothing. Each results file's schema is in the docstring of the

@@ -160,11 +160,35 @@ def stage5_block(out_dir, page: Path) -> str:
                               "    python -m cnn bench --op maxpool-backward --stages cuda,cuda-fused"])
 
 
+def stage7_block(out_dir, page: Path) -> str:
+    """The launch-cost probes and, per Nsight Compute profile, the kernel time of a step and its shares."""
+    lines = []
+    found = recorded.probes(out_dir)
+    if found:
+        path, content = found
+        figures = content["figures"]
+        lines += [f"    numba-cuda launch, host time: {figures['launch_1_array_us']['value']:g} µs with one array "
+                  f"argument, {figures['launch_8_arrays_us']['value']:g} µs with eight; a CUDA graph replays",
+                  f"    {figures['graph_replay_us_per_kernel']['value']:g} µs a kernel ({content['device']}, "
+                  f"{content['created']}: {path.as_posix()})", ""]
+    for profile in sorted(recorded.ncu_profiles(out_dir), key=lambda p: (p["date"], p["tag"] == "",
+                                                                          p["model"] != "lenet5")):
+        summary = kernel_summary(profile["path"])
+        shares = summary["shares"]
+        lines += [f"    {label(profile['model'], profile['batch'])}, {session(profile['path'])}: "
+                  f"{fmt_ms(summary['total_us'] / 1e3)} ms of kernel time a step; conv backward "
+                  f"{100 * shares['conv backward']:.0f} %, conv forward {100 * shares['conv forward']:.0f} %, "
+                  f"dense {100 * shares['dense']:.0f} %", f"        ({profile['path'].as_posix()})"]
+    return "\n".join(lines).rstrip() or "No GPU measurement in the results files yet."
+
+
+STAGE7 = Path("cnn/stages/s7_cuda_tuned.py")
+
 #: (file, block name, renderer): every block ``--update-docs`` writes
 BLOCKS = ((PROFILING, "gpu-findings", findings_block), (PROFILING, "ncu-kernels", kernels_block),
           (PROFILING, "ablation", ablation_block), (PROFILING, "pytorch", pytorch_block),
           (PROFILING, "training", training_block), (PROFILING, "copies", copies_block),
-          (STAGE5, "gpu-table", stage5_block))
+          (STAGE5, "gpu-table", stage5_block), (STAGE7, "gpu-profile", stage7_block))
 
 
 def render(text: str, source: str, name: str, body: str) -> str:

@@ -31,13 +31,31 @@ counter up, the loss log and the flags down, once for the 4 steps; the trainer a
 ``SYNC_EVERY`` = 100 at a time.)
 
 The last row is a model, not a measurement: 6.6 µs a launch plus 3.5 µs an array argument,
-numba-cuda's own numbers (NVIDIA/numba-cuda#288) — and an H100 measured far more: 28 µs for a
-launch with one array argument, 88 µs with eight (``docs/profiling.md``). Counted kernel by kernel,
-cuda-tuned queues as many as cuda-ring (the tiled convolutions take 3–4 kernels a block where the
-push kernels took 1–2); with ``cuda-graph`` on a GPU all of them are ONE graph launch a step.
+numba-cuda's own numbers (NVIDIA/numba-cuda#288) — and an H100 measured far more (below). Counted
+kernel by kernel, cuda-tuned queues as many as cuda-ring (the tiled convolutions take 3–4 kernels a
+block where the push kernels took 1–2); with ``cuda-graph`` on a GPU all of them are ONE graph launch
+a step.
 
-Where the device time goes, per kernel, and the host profile (cProfile or pyinstrument) come
-from a GPU — NOT YET MEASURED ON A GPU. Fill in from a GPU machine with::
+Measured on a GPU — the launch cost, and where the kernel time of a cuda-tuned step goes (Nsight
+Compute; the kernel-by-kernel tables are in ``docs/profiling.md``), written by
+``python -m cnn bench --update-docs`` from the committed results files, never by hand:
+
+<!-- generated:gpu-profile start -->
+    numba-cuda launch, host time: 27.7 µs with one array argument, 87.5 µs with eight; a CUDA graph replays
+    1 µs a kernel (NVIDIA H100 80GB HBM3, 2026-11-23: benchmarks/results/probes-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json)
+
+    LeNet-5 b64, commit f5350bb: 0.621 ms of kernel time a step; conv backward 70 %, conv forward 10 %, dense 17 %
+        (benchmarks/results/ncu-cuda-tuned-lenet5-b64-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.csv)
+    AlexNet-small b128, commit f5350bb: 11.2 ms of kernel time a step; conv backward 82 %, conv forward 17 %, dense 2 %
+        (benchmarks/results/ncu-cuda-tuned-alexnet-small-b128-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.csv)
+    LeNet-5 b64, the later run of that day: 1.07 ms of kernel time a step; conv backward 69 %, conv forward 13 %, dense 16 %
+        (benchmarks/results/ncu-cuda-tuned-lenet5-b64-nvidia-h100-80gb-hbm3-2026-11-23.csv)
+    AlexNet-small b128, the later run of that day: 11.1 ms of kernel time a step; conv backward 84 %, conv forward 14 %, dense 2 %
+        (benchmarks/results/ncu-cuda-tuned-alexnet-small-b128-nvidia-h100-80gb-hbm3-2026-11-23.csv)
+<!-- generated:gpu-profile end -->
+
+The host profile (cProfile or pyinstrument) and the per-kernel device times of cuda-ring itself —
+NOT YET MEASURED ON A GPU. On a GPU machine::
 
     python -m cnn bench --profile cuda-ring --model lenet5 --batch-size 64 --data random
     python -m cnn bench --profile cuda-ring --model alexnet-small --batch-size 128 --data random
