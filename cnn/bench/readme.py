@@ -59,9 +59,10 @@ def table_title(result: dict) -> str:
 
 
 def run_line(path: Path, result: dict, readme: Path) -> str:
-    tag = run_tag(path)
+    commit = run_tag(path) or result.get("commit")
     created = result["created"].replace("T", " ")[:16]
-    return f"Run of {created}" + (f" (commit {tag})" if tag else "") + f": [`{path.name}`]({relative_link(path, readme)})"
+    return (f"Run of {created}" + (f" (commit {commit})" if commit else "") +
+            f": [`{path.name}`]({relative_link(path, readme)})")
 
 
 def readme_block(results: list[tuple[Path, dict]], readme: Path, draw_missing: bool = True) -> str:

@@ -141,5 +141,5 @@ def when(path, result: dict) -> str:
     gpu = (result.get("machine") or {}).get("gpu")
     device = gpu["name"] if gpu else f"{result['machine']['cpu']} (no GPU)"
     created = str(result.get("created", ""))
-    tag = run_tag(path)
-    return f"{device}, {created[:10]} {created[11:16]}".rstrip() + (f", commit {tag}" if tag else "")
+    commit = run_tag(path) or result.get("commit")
+    return f"{device}, {created[:10]} {created[11:16]}".rstrip() + (f", commit {commit}" if commit else "")

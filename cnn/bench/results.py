@@ -6,6 +6,7 @@ header, ``results_header(kind)``::
 
     {"schema": "cnn-bench/1", "kind": "stages" | "op" | "memory" | "ablation" | "ring-timeline",
      "created": ISO time, "command": "python -m cnn bench ...",
+     "commit": the repository's commit, "+" when files differed from it (null outside a git checkout),
      "machine": {host, cpu, cores, platform, python, packages{...}, gpu{name, ...} or null, load_average},
      ...}
 
@@ -37,7 +38,23 @@ RESULTS_DIR = Path("benchmarks/results")
 def results_header(kind: str) -> dict:
     """The first keys of every results file: schema, kind, when, the command that wrote it, the machine."""
     return {"schema": SCHEMA, "kind": kind, "created": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": command_line(), "machine": machine_record()}
+            "command": command_line(), "commit": git_commit(), "machine": machine_record()}
+
+
+def git_commit() -> str | None:
+    """The short commit of the checkout this runs from, with "+" when tracked files differ from it; None
+    outside a git checkout (a results file then says only when it was made)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+" if changed else "") if commit else None
 
 
 def gpu_info() -> dict | None:
@@ -118,7 +135,8 @@ def load_results(path) -> dict:
 
 
 def run_tag(path) -> str:
-    """The tag after the date in a results file's name ('f5350bb'), or '' when it has none."""
+    """The tag after the date in a results file's name ('f5350bb'), or '' when it has none (files written
+    since carry their commit inside, ``"commit"``)."""
     found = re.search(r"-\d{4}-\d{2}-\d{2}-([0-9a-f]{7,40})\.(json|csv|log)$", Path(path).name)
     return found.group(1) if found else ""
 
