@@ -15,8 +15,8 @@ the losses, every K steps.
 
 Thread-to-data mapping:
 
-- ``gather_step_batch_kernel``  thread k of the B × D batch (D = C·H·W): row b = k // D, element
-  d = k mod D, from sample order[counter·B + b] of the resident set (coalesced along d).
+- ``gather_step_batch_kernel``  ``kernels/gather.py``'s gather from the resident set, starting at
+  order[counter·B]: thread k copies element d = k mod D of row b = k // D (D = C·H·W).
 - ``sgd_scheduled_kernel``  thread k owns parameter k, as ``kernels/sgd.py`` with η = lrs[counter].
 - ``finish_step_kernel``  ONE block: thread t adds up rows t, t + T, … of the per-row losses, the
   block adds the T partial sums in shared memory (``kernels/reduction.py``: a fixed order, so the
@@ -36,6 +36,7 @@ import numpy as np
 from numba import float32, float64
 
 from kernels.device import cuda
+from kernels.gather import gather_element
 from kernels.launch import grid_1d, launch
 from kernels.reduction import block_sum
 
@@ -44,14 +45,8 @@ FINISH_THREADS = 256          # the block of finish_step_kernel and sum_scores_k
 
 @cuda.jit
 def gather_step_batch_kernel(images, labels, order, counter, batch_images, batch_labels):
-    k = cuda.grid(1)
-    if k < batch_images.size:
-        per_sample = batch_images.shape[1]
-        b, d = k // per_sample, k % per_sample
-        source = order[counter[0] * batch_images.shape[0] + b]
-        batch_images[b, d] = images[source, d]
-        if d == 0:
-            batch_labels[b] = labels[source]
+    gather_element(images, labels, order, counter[0] * batch_images.shape[0], cuda.grid(1),
+                   batch_images, batch_labels)
 
 
 @cuda.jit

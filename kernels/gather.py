@@ -21,9 +21,9 @@ from kernels.device import cuda
 from kernels.launch import grid_1d, launch
 
 
-@cuda.jit
-def gather_batch_kernel(images, labels, order, start, batch_images, batch_labels):
-    k = cuda.grid(1)
+@cuda.jit(device=True)
+def gather_element(images, labels, order, start, k, batch_images, batch_labels):
+    """Thread k's float of the batch: row b = k // D, element d = k mod D, from sample order[start + b]."""
     if k < batch_images.size:
         per_sample = batch_images.shape[1]
         b, d = k // per_sample, k % per_sample
@@ -31,6 +31,11 @@ def gather_batch_kernel(images, labels, order, start, batch_images, batch_labels
         batch_images[b, d] = images[source, d]
         if d == 0:
             batch_labels[b] = labels[source]
+
+
+@cuda.jit
+def gather_batch_kernel(images, labels, order, start, batch_images, batch_labels):
+    gather_element(images, labels, order, start, cuda.grid(1), batch_images, batch_labels)
 
 
 def gather_batch(images, labels, order, start, batch_images, batch_labels, threads=128, launch=launch):
