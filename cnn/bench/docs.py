@@ -52,8 +52,7 @@ def findings_block(out_dir, page: Path) -> str:
 def kernels_block(out_dir, page: Path) -> str:
     """Every Nsight Compute profile: the per-kernel table of one training step, and its summary line."""
     parts = []
-    profiles = sorted(recorded.ncu_profiles(out_dir), key=lambda p: (p["date"], p["tag"] == "", p["model"] != "lenet5"))
-    for profile in profiles:
+    for profile in recorded.ncu_profiles(out_dir):
         summary = kernel_summary(profile["path"])
         shares = summary["shares"]
         parts += [f"**{profile['stage']}, {label(profile['model'], profile['batch'])}** — "
@@ -171,8 +170,7 @@ def stage7_block(out_dir, page: Path) -> str:
                   f"argument, {figures['launch_8_arrays_us']['value']:g} µs with eight; a CUDA graph replays",
                   f"    {figures['graph_replay_us_per_kernel']['value']:g} µs a kernel ({content['device']}, "
                   f"{content['created']}: {path.as_posix()})", ""]
-    for profile in sorted(recorded.ncu_profiles(out_dir), key=lambda p: (p["date"], p["tag"] == "",
-                                                                          p["model"] != "lenet5")):
+    for profile in recorded.ncu_profiles(out_dir):
         summary = kernel_summary(profile["path"])
         shares = summary["shares"]
         lines += [f"    {label(profile['model'], profile['batch'])}, {session(profile['path'])}: "

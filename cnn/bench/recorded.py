@@ -74,7 +74,8 @@ def ncu_profiles(out_dir=RESULTS_DIR) -> list[dict]:
     """Every Nsight Compute CSV: {"path", "stage", "model", "batch", "device", "date", "tag"}, oldest first.
 
     Names: ``ncu-STAGE-MODEL-bBATCH-DEVICE-DATE[-TAG].csv``; the stage is one of the registry's names.
-    Of one day's profiles, a tagged one is the older (see ``training_run``).
+    Of one day's profiles, a tagged one is the older (see ``training_runs``); then by network, as
+    ``cnn.model.NETWORKS`` lists them.
     """
     from cnn.model import NETWORKS
     from cnn.stages import stage_names
@@ -89,7 +90,9 @@ def ncu_profiles(out_dir=RESULTS_DIR) -> list[dict]:
         if parsed:
             found.append({"path": path, "stage": stage, "model": model, "batch": int(parsed.group(1)),
                           "device": parsed.group(2), "date": parsed.group(3), "tag": run_tag(path)})
-    return sorted(found, key=lambda item: (item["date"], item["tag"] == "", item["path"].name))
+    networks = list(NETWORKS)
+    return sorted(found, key=lambda item: (item["date"], item["tag"] == "", networks.index(item["model"]),
+                                           item["batch"]))
 
 
 def probes(out_dir=RESULTS_DIR) -> tuple[Path, dict] | None:
