@@ -163,7 +163,7 @@ print("ok", world.rank)
 def test_sandblaster_equals_one_process_although_a_straggler_gets_duplicates(data_dir, tmp_path):
     """A 10-times straggler (it sleeps 9 times its own compute time, so a busy machine slows it as
     much as the other) hands most of the batch to the fast worker; the weights are still exact."""
-    result = run_parallel("sandblaster", 3, data_dir, tmp_path, limit_train=128, portions=4,
+    result = run_parallel("sandblaster", 3, data_dir, tmp_path, optimizer="sgd", limit_train=128, portions=4,
                           slow_rank=2, slow_down=10)
     assert_ran_to_the_end(result)
     assert result.summary["duplicates"] >= 1
@@ -180,8 +180,8 @@ def test_sandblaster_duplicates_only_late_portions(data_dir, tmp_path):
     (under load an eager run can finish a batch without any idle moment: a worker still busy with
     a stale duplicate of the previous batch)."""
     common = dict(limit_train=128, portions=4)
-    eager = run_parallel("sandblaster", 3, data_dir, tmp_path, name="eager", backup_after=0, **common)
-    patient = run_parallel("sandblaster", 3, data_dir, tmp_path, name="patient", backup_after=1000,
+    eager = run_parallel("sandblaster", 3, data_dir, tmp_path, optimizer="sgd", name="eager", backup_after=0, **common)
+    patient = run_parallel("sandblaster", 3, data_dir, tmp_path, optimizer="sgd", name="patient", backup_after=1000,
                            slow_rank=2, slow_down=4, **common)
     assert_ran_to_the_end(eager)
     assert_ran_to_the_end(patient)
@@ -242,7 +242,7 @@ def test_hogwild_learns_without_locks_and_counts_staleness(data_dir, tmp_path):
     assert 0 <= staleness["mean"] <= staleness["max"] < staleness["count"]
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "round-robin", "async"])
 def test_easgd_center_learns(mode, data_dir, tmp_path):
     result = run_parallel("easgd", 3, data_dir, tmp_path, epochs=2, easgd_mode=mode, tau=2, **ASYNC)
     assert_succeeded(result)

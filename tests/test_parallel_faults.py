@@ -76,7 +76,7 @@ def test_a_lost_rank_stops_the_run_cleanly_at_any_rank_count(strategy, ranks, da
     saved = checkpoint_of(tmp_path / "run.npz")
     assert (int(saved["epoch"]), int(saved["batch"])) == (0, 2)
     if strategy == "model-parallel":                 # half the network died with rank 1
-        assert "each rank holds half of the network" in killed.stderr and "image 16" in killed.stderr
+        assert "each rank holds part of the network" in killed.stderr and "image 16" in killed.stderr
 
 
 def test_resuming_on_another_number_of_ranks_starts_at_the_same_image(data_dir, tmp_path):
@@ -131,10 +131,11 @@ def test_downpour_carries_on_without_a_dead_replica_and_resume_finishes_its_shar
     assert other.stderr.count("holds the state of 2 downpour worker(s), this run has 3; resume on 3 ranks") == 1
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "round-robin"])
 def test_easgd_resumes_exactly_where_it_stopped(mode, data_dir, tmp_path):
     """Killed at step 7 of 12 with a checkpoint every 3 steps, resumed from step 6: the same center as
-    an uninterrupted run — the workers' own weights and momenta came back too."""
+    an uninterrupted run — the workers' own weights and momenta came back too. (In the async mode the
+    order of the exchanges is the order the workers arrive in, so no two runs are the same.)"""
     settings = dict(limit_train=96, epochs=2, easgd_mode=mode, tau=2, **ASYNC)
     whole = run_parallel("easgd", 3, data_dir, tmp_path, name="whole", **settings)
     assert_ran_to_the_end(whole)
@@ -169,11 +170,11 @@ def test_hogwild_checkpoints_together_and_resumes(data_dir, tmp_path):
 
 
 def test_sandblaster_losing_its_coordinator_resumes_to_the_same_weights(data_dir, tmp_path):
-    killed = run_parallel("sandblaster", 3, data_dir, tmp_path, limit_train=144, kill_rank=0, kill_at_step=5,
-                          checkpoint_every=2, peer_timeout=QUICK)
+    killed = run_parallel("sandblaster", 3, data_dir, tmp_path, optimizer="sgd", limit_train=144, kill_rank=0,
+                          kill_at_step=5, checkpoint_every=2, peer_timeout=QUICK)
     assert killed.returncode == 1 and killed.summary["status"] == "stopped"
     assert "the coordinator, rank 0, held the model" in killed.stderr and "image 64" in killed.stderr
-    resumed = run_parallel("sandblaster", 3, data_dir, tmp_path, limit_train=144, resume=True)
+    resumed = run_parallel("sandblaster", 3, data_dir, tmp_path, optimizer="sgd", limit_train=144, resume=True)
     assert_ran_to_the_end(resumed)
     expected, _ = one_process(data_dir, 16, limit_train=144, schedule="warmup", lr_scale=2)
     assert_same_weights(checkpoint_of(tmp_path / "run.npz")["params"], expected)
@@ -191,8 +192,8 @@ def test_model_parallel_resumes_to_the_same_weights(data_dir, tmp_path):
 
 
 def test_sandblaster_finishes_every_batch_without_a_dead_worker(data_dir, tmp_path):
-    result = run_parallel("sandblaster", 4, data_dir, tmp_path, limit_train=144, kill_rank=2, kill_at_step=3,
-                          peer_timeout=QUICK)
+    result = run_parallel("sandblaster", 4, data_dir, tmp_path, optimizer="sgd", limit_train=144, kill_rank=2,
+                          kill_at_step=3, peer_timeout=QUICK)
     summary = result.summary
     assert summary["status"] in ("completed without rank(s) 2", "did not learn") and summary["lost_ranks"] == [2]
     assert "rank 2" in result.stderr and "lost" in result.stderr

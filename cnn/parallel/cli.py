@@ -28,9 +28,11 @@ from cnn.cli import EXIT_BAD_INPUT, EXIT_FAILED, OneLineParser, add_training_arg
 from cnn.cli import non_negative_float, positive_float, positive_int
 from cnn.parallel import STRATEGIES
 from cnn.parallel.common import ParallelOptions
+from cnn.parallel.optimizers import SERVER_RULES
 
 GROWING_BATCH = ("ps-sync", "allreduce", "sandblaster")
 STALE_DEFAULTS = {"downpour": {"momentum": 0.5, "lr": 0.05}, "hogwild": {"momentum": 0.5, "lr": 0.05}}
+ADAGRAD_LR = 0.01                 # downpour with its default server rule: Adagrad's base rate
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 
 
@@ -64,9 +66,15 @@ def build_parser() -> RankZeroParser:
                      help="seconds of silence after which a peer counts as lost")
     strategy = parser.add_argument_group("strategies")
     strategy.add_argument("--allreduce", choices=("mpi", "ring"), default="mpi", help="allreduce: algorithm")
+    strategy.add_argument("--overlap", action="store_true",
+                          help="allreduce: allreduce each layer's gradient as soon as its backward is done, "
+                               "while the layers below still compute (as PyTorch DDP and Horovod do)")
     strategy.add_argument("--n-push", type=positive_int, default=1, help="downpour: push every N steps")
     strategy.add_argument("--n-fetch", type=positive_int, default=1, help="downpour: fetch every N steps")
-    strategy.add_argument("--easgd-mode", choices=("sync", "async"), default="sync")
+    strategy.add_argument("--server-rule", choices=tuple(SERVER_RULES), default=None,
+                          help="downpour: the server's update rule (default adagrad; sgd: with momentum)")
+    strategy.add_argument("--easgd-mode", choices=("sync", "round-robin", "async"), default="sync",
+                          help="easgd: all workers every τ steps, one at a time in turn, or whoever arrives")
     strategy.add_argument("--rho", type=positive_float, default=None,
                           help="easgd: elastic strength ρ (default: η·ρ = 0.9 / workers)")
     strategy.add_argument("--tau", type=positive_int, default=1, help="easgd: steps between elastic exchanges")
@@ -77,9 +85,16 @@ def build_parser() -> RankZeroParser:
     strategy.add_argument("--backup-after", type=non_negative_float, default=0.0,
                           help="sandblaster: duplicate a portion only once it has been out this many "
                                "times the median portion time (0: as soon as a worker is idle)")
-    strategy.add_argument("--split", type=positive_int, default=None,
-                          help="model-parallel: first layer on rank 1 (default: the one after Flatten)")
+    strategy.add_argument("--optimizer", choices=("lbfgs", "sgd"), default="lbfgs",
+                          help="sandblaster: L-BFGS with a line search (default) or SGD with momentum")
+    strategy.add_argument("--history", type=positive_int, default=10,
+                          help="sandblaster: L-BFGS's memory, the curvature pairs kept")
+    strategy.add_argument("--split", default=None,
+                          help="model-parallel: K (layers [0, K) on rank 0) or K:C (also output channels [0, C) "
+                               "of convolution K); default: the cut that balances the measured per-layer cost")
     strategy.add_argument("--micro-batches", type=positive_int, default=1, help="model-parallel: pipelining")
+    strategy.add_argument("--reduced", action="store_true",
+                          help="the network's narrow copy on the images' centre (GPU ranks in the CUDA simulator)")
     hooks = parser.add_argument_group("fault injection (tests)")
     hooks.add_argument("--kill-rank", type=int, default=None, help="this rank exits abruptly ...")
     hooks.add_argument("--kill-at-step", type=count, default=None, help="... at this step")
@@ -95,6 +110,10 @@ def settings_from_args(args: argparse.Namespace):
 
     if args.schedule is None:
         args.schedule = "warmup" if args.strategy in GROWING_BATCH else "constant"
+    if args.server_rule is None:
+        args.server_rule = "adagrad" if args.strategy == "downpour" else "sgd"
+        if args.strategy == "downpour" and args.lr is None:
+            args.lr = ADAGRAD_LR
     for name in ("momentum", "lr"):
         if getattr(args, name) is None:
             setattr(args, name, STALE_DEFAULTS.get(args.strategy, {}).get(name, getattr(TrainConfig, name)))

@@ -1,4 +1,4 @@
-"""What every strategy shares: its options, the data shards, the host-side optimizer, evaluation,
+"""What every strategy shares: its options, the data shards, evaluation,
 checkpoints after a failure, and the JSON summary rank 0 writes at the end.
 
 Data sharding. Every rank loads the whole dataset and draws the same permutation per epoch from the
@@ -24,7 +24,6 @@ import numpy as np
 
 from cnn.model import get_network
 from cnn.stages import get_stage
-from cnn.stages.base import sgd_momentum_update
 from cnn.train import TrainConfig, TrainingDiverged, divergence_message, evaluate, load_dataset, lr_at
 from cnn.parallel import checkpoint
 from cnn.parallel.checkpoint import Position, jsonable
@@ -42,48 +41,21 @@ class ParallelOptions:
     log_every: int = 0                  # a log line every N steps (0: about ten per run)
     peer_timeout: float = 60.0          # seconds of silence before a peer counts as lost
     allreduce: str = "mpi"              # allreduce: "mpi" (MPI_Iallreduce) or "ring" (hand-written)
+    overlap: bool = False               # allreduce: each layer's gradient allreduced as its backward ends
     n_push: int = 1                     # downpour: push accumulated gradients every n_push steps
     n_fetch: int = 1                    # downpour: fetch the server's weights every n_fetch steps
-    easgd_mode: str = "sync"            # easgd: "sync" or "async" (round-robin)
+    server_rule: str | None = None      # downpour: "adagrad" (default) or "sgd" (with momentum)
+    easgd_mode: str = "sync"            # easgd: "sync", "round-robin" or "async" (whoever arrives)
     rho: float | None = None            # easgd: elastic strength ρ (default: η·ρ = 0.9 / workers)
     tau: int = 1                        # easgd: steps between elastic exchanges
     portions: int | None = None         # sandblaster: portions per batch (default 2 × workers)
     max_copies: int = 2                 # sandblaster: copies of one portion in flight at most
     backup_after: float = 0.0           # sandblaster: a portion is late after this × the median portion time
-    split: int | None = None            # model-parallel: index of the first layer on rank 1
+    optimizer: str = "lbfgs"            # sandblaster: "lbfgs" (with a line search) or "sgd" (with momentum)
+    history: int = 10                   # sandblaster: L-BFGS's memory m (curvature pairs kept)
+    split: str | None = None            # model-parallel: the cut, "K" or "K:C" (default: balanced by cost)
     micro_batches: int = 1              # model-parallel: micro-batches per batch (pipelining)
-
-
-class HostSGD:
-    """θ and the momentum v as host vectors, stepped with ``cnn.stages.base.sgd_momentum_update``.
-
-    It offers ``get_params`` and ``get_momentum`` like a stage, so a checkpoint writes it as it is.
-    It is the update rule of every server (``SERVER_RULES``): another rule — Adagrad for Downpour,
-    say — is another class with the same four members, added there.
-    """
-
-    def __init__(self, params: np.ndarray, config: TrainConfig):
-        self.params = np.array(params, copy=True)
-        self.velocity = np.zeros_like(self.params)
-        self.momentum, self.weight_decay = config.momentum, config.weight_decay
-
-    def step(self, grad: np.ndarray, lr: float) -> None:
-        sgd_momentum_update(self.params, self.velocity, grad, lr, self.momentum, self.weight_decay)
-
-    def get_params(self) -> np.ndarray:
-        return self.params.copy()
-
-    def get_momentum(self) -> np.ndarray:
-        return self.velocity.copy()
-
-
-SERVER_RULES = {"sgd": HostSGD}
-"""The update rules a server can apply, by name (``server_optimizer``)."""
-
-
-def server_optimizer(params: np.ndarray, config: TrainConfig, rule: str = "sgd"):
-    """The optimizer a parameter server, coordinator or synchronous rank steps with."""
-    return SERVER_RULES[rule](params, config)
+    reduced: bool = False               # the network's narrow copy on the images' centre (the CUDA simulator)
 
 
 class Packet:
@@ -116,9 +88,12 @@ class Run:
                  roles: dict[int, str], command: str = ""):
         self.config, self.options, self.world = config, options, world
         self.workers, self.roles, self.command = workers, roles, command
-        self.net = get_network(config.model)
+        self.net = get_network(config.model, reduced_copy=options.reduced)
         self.dtype = np.dtype(config.dtype)
         self.train_x, self.train_y, self.test_x, self.test_y = load_dataset(config)
+        if options.reduced:          # the narrow copy's smaller input: the centre of each image
+            size = self.net.input_shape[1:]
+            self.train_x, self.test_x = centre_crop(self.train_x, size), centre_crop(self.test_x, size)
         if tuple(self.train_x.shape[1:]) != self.net.input_shape:
             raise ValueError(f"model {config.model} expects images {self.net.input_shape}, "
                              f"data has {self.train_x.shape[1:]}")
@@ -379,6 +354,12 @@ class Run:
         lines.append(f"{summary['status']}{': ' + summary['message'] if summary['message'] else ''}; "
                      f"summary in {self.summary_path}")
         print("\n".join(lines), flush=True)
+
+
+def centre_crop(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The central ``size`` pixels of each (N, C, H, W) image (``--reduced``: the simulator's narrow networks)."""
+    top, left = (images.shape[2] - size[0]) // 2, (images.shape[3] - size[1]) // 2
+    return np.ascontiguousarray(images[:, :, top:top + size[0], left:left + size[1]])
 
 
 def _mean_of(dicts: list[dict[str, float]]) -> dict[str, float]:

@@ -111,7 +111,7 @@ def measure_exchanges(world, num_params: int, repeats: int = 20, dtype=np.float3
     """Median seconds of one exchange of a ``num_params`` gradient, the ranks starting together:
     the parameter server's, the ring's and MPI's allreduce, as the strategies run them."""
     from cnn.parallel.allreduce import mpi_allreduce, ring_allreduce
-    from cnn.parallel.common import HostSGD
+    from cnn.parallel.optimizers import HostSGD
     from cnn.parallel.ps_sync import ParameterServer
     from cnn.parallel.timing import PhaseTimer
     from cnn.train import TrainConfig

@@ -4,28 +4,34 @@ Rank 0 is the server and only serves; ranks 1…P−1 are model replicas working
 shards at their own pace. A replica::
 
     every step:             g = ∇L(θ_local) on its next batch;  accumulated += g
-                            a local SGD step on θ_local (so the steps between fetches count)
+                            a local step on θ_local with the server's rule (so the steps between
+                            fetches count; Adagrad keeps its own sum of squares there)
     every n_push steps:     push `accumulated` to the server (and go on computing while it travels)
     every n_fetch steps:    fetch the server's θ and continue from it
 
 The server takes the messages as they come, *one at a time* — that is the lock of seed 001's
-"master process uses lock to avoid weight update conflicts", for free with a single server thread:
+"master process uses lock to avoid weight update conflicts", for free with a single server thread.
+Its update rule is ``--server-rule`` (``cnn.parallel.optimizers``), with g the pushed gradients, summed:
 
-    on a push:   v ← μ·v + Σg + λ·θ;  θ ← θ − η·v      (the pushed gradients, summed)
+    adagrad (default, as Downpour in Dean et al.):  G ← G + g²;  θ ← θ − η·g / (√G + ε)
+    sgd:                                            v ← μ·v + g + λ·θ;  θ ← θ − η·v
     on a fetch:  send θ and its version number
 
 The gradient a replica pushes was computed on weights fetched some updates ago: its *staleness*,
 the number of updates the server applied in between, is recorded for every push and reported
-(mean, max, histogram). A replica that falls silent for ``--peer-timeout`` seconds is declared lost;
-the server carries on with the others and the report names the lost rank.
+(mean, max, histogram). Adagrad's per-parameter rate is what Dean et al. credit for Downpour's
+robustness to staleness; ``benchmarks/parallel_staleness.py`` compares the two rules at several
+``--n-fetch``. A replica that falls silent for ``--peer-timeout`` seconds is declared lost; the
+server carries on with the others and the report names the lost rank.
 
 Checkpoints (by the server, every ``--checkpoint-every`` updates, else once per epoch's worth of
-updates, and at the end) hold the server's θ and v, the updates applied, the staleness values and
-each replica's *next step*: the one after its last push. That is a consistent cut — the server's
-state contains exactly the pushes before those steps — so ``--resume`` restarts every replica
-there, from the server's weights (as after a fetch; its local momentum, which only steps its local
-copy between fetches, restarts from zero). A replica lost before the end keeps its position, so
-resuming the finished run does that replica's remaining steps.
+updates, and at the end) hold the server's θ and its rule's state (v or G), the updates applied,
+the staleness values and each replica's *next step*: the one after its last push. That is a
+consistent cut — the server's state contains exactly the pushes before those steps — so
+``--resume`` restarts every replica there, from the server's weights (as after a fetch; its local
+state, which only steps its local copy between fetches, restarts from zero), with the same rule
+(another is refused in one line). A replica lost before the end keeps its position, so resuming
+the finished run does that replica's remaining steps.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ import numpy as np
 from mpi4py import MPI
 
 from cnn.parallel import resume
-from cnn.parallel.common import HostSGD, Packet, Run, server_optimizer, staleness_stats
+from cnn.parallel.common import Packet, Run, staleness_stats
+from cnn.parallel.optimizers import server_optimizer
 from cnn.parallel.timing import COMPUTE, DISTRIBUTE, FETCH, UPDATE
 
 TAG_TO_SERVER, TAG_TO_WORKER = 10, 11
@@ -51,32 +58,41 @@ def layout(size: int, options) -> tuple[int, dict[int, str]]:
 
 
 def train(run: Run) -> dict:
-    run.announce(f"rank 0 serves, {run.workers} replicas; push every {run.options.n_push}, "
-                 f"fetch every {run.options.n_fetch} steps")
+    run.announce(f"rank 0 serves with {run.options.server_rule}, {run.workers} replicas; push every "
+                 f"{run.options.n_push}, fetch every {run.options.n_fetch} steps")
     stage = run.make_stage()
     params = run.initial_params(stage)
     return serve(run, stage, params) if run.rank == 0 else replicate(run, stage, params)
+
+
+def check_rule(run: Run, resumed):
+    """A checkpoint continues only with the rule that wrote it: its state vector is that rule's."""
+    saved = resumed.state.get("rule", "sgd") if resumed else run.options.server_rule
+    if saved != run.options.server_rule:
+        raise ValueError(f"{run.checkpoint}: written by a downpour server with --server-rule {saved}, "
+                         f"this run has {run.options.server_rule}; resume it with --server-rule {saved}")
+    return resumed
 
 
 # -- the server -------------------------------------------------------------------------------------
 
 def serve(run: Run, stage, params: np.ndarray) -> dict:
     world, timer, comm = run.world, run.timer, run.world.comm
-    opt = server_optimizer(params, run.config)
+    opt = server_optimizer(params, run.config, run.options.server_rule)
     run.rescue_note = "the server's state makes sense only with the replicas' positions its checkpoints save"
     size = run.net.num_params
     replicas = list(range(1, world.size))
     version, staleness, next_step = 0, [], {r: 0 for r in replicas}
-    resumed = resume.load(run)
+    resumed = check_rule(run, resume.load(run))
     if resumed:
         resume.broadcast(run, resumed, "params", opt.params)
-        opt.velocity[...] = resumed.saved.momentum
+        opt.set_momentum(resumed.saved.momentum)
         version, staleness = resumed.state["updates"], list(resumed.state["staleness"])
         next_step = {int(r): step for r, step in resumed.state["next_step"].items()}
 
     def save() -> None:
-        run.save(min(next_step.values()), model=opt,
-                 state={"updates": version, "staleness": staleness, "next_step": next_step})
+        run.save(min(next_step.values()), model=opt, state={"updates": version, "staleness": staleness,
+                                                            "next_step": next_step, "rule": opt.rule})
 
     inbox = {r: Packet(size, run.dtype) for r in replicas}
     outbox = {r: Packet(size, run.dtype) for r in replicas}
@@ -118,7 +134,7 @@ def serve(run: Run, stage, params: np.ndarray) -> dict:
     run.training_done()
     run.evaluate_final(stage, opt.params, f"server, after {version} updates", version)
     save()
-    return {"extra": {"updates": version, "staleness": staleness_stats(staleness)}}
+    return {"extra": {"updates": version, "staleness": staleness_stats(staleness), "server_rule": opt.rule}}
 
 
 def _drop_silent(run: Run, active: set, last_heard: dict, requests: list, replicas: list) -> None:
@@ -140,12 +156,12 @@ def _drop_silent(run: Run, active: set, last_heard: dict, requests: list, replic
 
 def replicate(run: Run, stage, params: np.ndarray) -> dict:
     world, timer, comm, options = run.world, run.timer, run.world.comm, run.options
-    local = HostSGD(params, run.config)
+    local = server_optimizer(params, run.config, options.server_rule)
     run.rescue_note = "the server, rank 0, held the model"
     size = run.net.num_params
     outgoing, reply = Packet(size, run.dtype), Packet(size, run.dtype)
     send, version, pushed, start = MPI.REQUEST_NULL, 0, 0, 0
-    resumed = resume.load(run)
+    resumed = check_rule(run, resume.load(run))
     if resumed:                       # continue from the server's weights, at this replica's next step
         resume.broadcast(run, resumed, "params", local.params)
         version, start = resumed.state["updates"], resumed.state["next_step"][str(world.rank)]

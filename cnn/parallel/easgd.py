@@ -13,9 +13,18 @@ pulls both together (α = η·ρ; the default ρ makes P_workers·α = 0.9, the 
 
 - ``--easgd-mode sync``: at every exchange step the master sends W̄_t to all workers and receives
   all W^i_t, then applies (2) with the sum over all workers.
-- ``--easgd-mode async`` (round-robin, seed 001's Algorithm 1): the master serves one worker at a
-  time in the order i = t mod P_workers: it receives W^i_t, sends back W̄_t and applies (2) with
-  that worker's term alone. A worker waits only for its own turn, never for all the others.
+- ``--easgd-mode round-robin`` (seed 001's Algorithm 1): the master serves one worker at a time in
+  the order i = t mod P_workers: it receives W^i_t, sends back W̄_t and applies (2) with that
+  worker's term alone. A worker waits only for its own turn — but the turns come in a fixed order,
+  so the workers still move in lock-step: with one worker 3× slower, every worker ran 52.8–52.9 ms
+  a step, the wall time of the synchronous version.
+- ``--easgd-mode async`` (Zhang et al.'s asynchronous EASGD): each worker talks to the master every
+  τ of its *own* steps, whenever it gets there; the master answers whoever arrives first and
+  applies (2) with that worker's term. A slow worker holds up nobody; it exchanges less often, and
+  each of its exchanges finds more center updates since its previous one — its *staleness*,
+  reported per worker, with ``steps_when_first_worker_finished`` (how far each worker had got when
+  the first one finished: with one 3× slower worker the fast ones are done while it is a third of
+  the way).
 
 Workers send W^i_t while they compute the gradient (the exchange overlaps the computation). The
 model that is evaluated is the center W̄.
@@ -23,7 +32,11 @@ model that is evaluated is the center W̄.
 Checkpoints: at the start of every ``--checkpoint-every``-th step (else of every epoch) and at the
 end, each worker sends its W^i and momentum v^i to the master, which saves them with the center W̄
 as it stands before that step's exchange. Everything the next step reads is then on disk, so
-``--resume`` continues exactly as if the run had not stopped (the tests check it).
+``--resume`` continues exactly as if the run had not stopped in the sync and round-robin modes
+(the tests check it). In the async mode a checkpoint is the one moment the workers wait for each
+other (the master serves every exchange before the checkpoint step, and none after, until it has
+saved); the order of the exchanges after a resume is the order the workers arrive in, as it
+always is there.
 """
 
 from __future__ import annotations
@@ -31,12 +44,16 @@ from __future__ import annotations
 import numpy as np
 
 from cnn.parallel import resume
-from cnn.parallel.common import HostSGD, Run
+from mpi4py import MPI
+
+from cnn.parallel.common import Run, staleness_stats
+from cnn.parallel.optimizers import HostSGD
 from cnn.parallel.timing import COMPUTE, DISTRIBUTE, FETCH, UPDATE
+from cnn.parallel.world import PeerLost
 from cnn.stages.base import sgd_momentum_update
 
 TAG_WORKER, TAG_CENTER, TAG_STATE = 30, 31, 32
-MODES = ("sync", "async")
+MODES = ("sync", "round-robin", "async")
 
 
 def layout(size: int, options) -> tuple[int, dict[int, str]]:
@@ -79,13 +96,13 @@ def train(run: Run) -> dict:
         params[...] = resumed.saved.params
         resume.scatter(run, resumed, "params", None, workers)
         resume.scatter(run, resumed, "momentum", None, workers)
-    master = master_sync if run.options.easgd_mode == "sync" else master_round_robin
-    center = master(run, params, rho, start)
+    master = {"sync": master_sync, "round-robin": master_round_robin, "async": master_async}[run.options.easgd_mode]
+    center, report = master(run, params, rho, start)
     run.training_done()
     rows = worker_states(run, workers)
     run.evaluate_final(stage, center.params, "master, the center", run.total_steps)
     run.save(run.total_steps, model=center, rows=rows)
-    return {"extra": {"rho": rho, "tau": run.options.tau, "mode": run.options.easgd_mode}}
+    return {"extra": {"rho": rho, "tau": run.options.tau, "mode": run.options.easgd_mode, **report}}
 
 
 def worker_states(run: Run, workers: list[int]) -> dict[str, np.ndarray]:
@@ -105,16 +122,17 @@ def save_with_workers(run: Run, center: HostSGD, step: int, workers: list[int]) 
 def send_state(run: Run, local: HostSGD) -> None:
     """A worker: its [W^i | v^i] to the master, for the checkpoint."""
     state = np.concatenate([local.params, local.velocity])
-    run.world.wait([run.world.comm.Isend(state, dest=0, tag=TAG_STATE)], "receipt of the worker state", peers=[0])
+    run.world.wait([run.world.comm.Isend(state, dest=0, tag=TAG_STATE)], "receipt of the worker state", peers=[0],
+                   patience=10)      # async: a fast worker may wait here for a slow one to reach the checkpoint
 
 
-def master_sync(run: Run, params: np.ndarray, rho: float, start: int) -> HostSGD:
+def master_sync(run: Run, params: np.ndarray, rho: float, start: int) -> tuple[HostSGD, dict]:
     """Every exchange step: send W̄_t to all workers, receive every W^i_t, apply (2) with the sum."""
     world, timer, comm = run.world, run.timer, run.world.comm
-    workers = list(range(1, world.size))
+    workers, size = list(range(1, world.size)), len(params)
     center = HostSGD(params, run.config)
     run.rescue_note = "the master holds the center, not the workers' own weights"
-    inbox = np.empty((len(workers), len(params)), run.dtype)
+    inbox = np.empty((len(workers), size + 1), run.dtype)               # [W^i_t | t] per worker
     saves = checkpoint_steps(run, start) - {run.total_steps}
     for step in range(start, run.total_steps):
         if step in saves:
@@ -129,19 +147,19 @@ def master_sync(run: Run, params: np.ndarray, rho: float, start: int) -> HostSGD
                        "worker weights", peers=workers)
             world.wait(sends, "receipt of the center", peers=workers)
         with timer.phase(UPDATE, label="elastic update of the center (2)"):
-            center.params += lr * rho * (inbox.sum(axis=0) - len(workers) * center.params)
+            center.params += lr * rho * (inbox[:, :size].sum(axis=0) - len(workers) * center.params)
         run.completed_steps = step + 1
         run.end_step(step, None, lr)
-    return center
+    return center, {}
 
 
-def master_round_robin(run: Run, params: np.ndarray, rho: float, start: int) -> HostSGD:
+def master_round_robin(run: Run, params: np.ndarray, rho: float, start: int) -> tuple[HostSGD, dict]:
     """Serve worker j = t mod P_workers: receive W^j_t, send W̄_t back, apply (2) with j's term."""
     world, timer, comm = run.world, run.timer, run.world.comm
-    workers = list(range(1, world.size))
+    workers, size = list(range(1, world.size)), len(params)
     center = HostSGD(params, run.config)
     run.rescue_note = "the master holds the center, not the workers' own weights"
-    incoming, outgoing = np.empty_like(params), np.empty_like(params)
+    incoming, outgoing = np.empty(size + 1, run.dtype), np.empty_like(params)
     saves = checkpoint_steps(run, start) - {run.total_steps}
     total_turns = len(exchange_steps(run)) * len(workers)
     turn = (len(exchange_steps(run)) - len(exchange_steps(run, start))) * len(workers)
@@ -159,18 +177,86 @@ def master_round_robin(run: Run, params: np.ndarray, rho: float, start: int) -> 
                 world.wait([comm.Isend(outgoing, dest=worker, tag=TAG_CENTER)], "receipt of the center",
                            peers=[worker])
             with timer.phase(UPDATE, label="elastic update of the center (2)"):
-                center.params += lr * rho * (incoming - center.params)
+                center.params += lr * rho * (incoming[:size] - center.params)
             run.completed_steps = step + 1
             run.end_step(turn, None, lr, total=total_turns)
             turn += 1
-    return center
+    return center, {}
+
+
+def master_async(run: Run, params: np.ndarray, rho: float, start: int) -> tuple[HostSGD, dict]:
+    """Serve whichever worker arrives: receive W^j_t, send W̄ back, apply (2) with j's term.
+
+    No order, no turns: a worker that reaches its exchange step is answered at once, so a slow
+    worker delays nobody. Its *staleness* at an exchange is the number of center updates since
+    its previous one (the other workers' exchanges in between). A checkpoint is a consistent cut:
+    the master stops listening to each worker once it has served that worker's exchanges before
+    the checkpoint step, then collects every worker's state, saves, and listens again.
+    """
+    world, timer, comm = run.world, run.timer, run.world.comm
+    workers, size = list(range(1, world.size)), len(params)
+    center = HostSGD(params, run.config)
+    run.rescue_note = "the master holds the center, not the workers' own weights"
+    inbox = {w: np.empty(size + 1, run.dtype) for w in workers}          # [W^j_t | t]
+    outbox = {w: np.empty_like(params) for w in workers}
+    sends = {w: MPI.REQUEST_NULL for w in workers}
+    exchanges = exchange_steps(run, start)
+    boundaries = sorted(checkpoint_steps(run, start) - {run.total_steps})
+    served, updates, seen = {w: 0 for w in workers}, 0, {w: 0 for w in workers}
+    staleness, progress, at_first_finish = {w: [] for w in workers}, {w: start for w in workers}, None
+    total_turns = len(exchange_steps(run)) * len(workers)
+    turn = total_turns - len(exchanges) * len(workers)
+
+    def owed(worker: int) -> int:
+        """Exchanges of ``worker`` still to serve before the next checkpoint step (or the end)."""
+        limit = sum(step < boundaries[0] for step in exchanges) if boundaries else len(exchanges)
+        return limit - served[worker]
+
+    receives = {w: comm.Irecv(inbox[w], source=w, tag=TAG_WORKER) for w in workers}
+    while True:
+        if not any(owed(w) for w in workers):               # every worker is at the cut, or done
+            if not boundaries:
+                break
+            save_with_workers(run, center, boundaries.pop(0), workers)
+            continue
+        requests = [receives[w] if owed(w) else MPI.REQUEST_NULL for w in workers]
+        with timer.phase(FETCH, label="waiting for any worker"):
+            index = world.poll_any(requests, patience=world.timeout)
+        if index is None:
+            late = [w for w in workers if owed(w)]
+            raise PeerLost(f"rank 0: no worker weights from rank(s) {', '.join(map(str, late))} "
+                           f"within {world.timeout:g} s", late)
+        worker = workers[index]
+        step = int(inbox[worker][size])
+        lr = run.lr(step)
+        with timer.phase(DISTRIBUTE, label=f"send center to rank {worker}"):
+            world.wait([sends[worker]], "receipt of the previous center", peers=[worker])
+            outbox[worker][...] = center.params                       # W̄ before (2): what (1) uses
+            sends[worker] = comm.Isend(outbox[worker], dest=worker, tag=TAG_CENTER)
+        with timer.phase(UPDATE, label="elastic update of the center (2)"):
+            center.params += lr * rho * (inbox[worker][:size] - center.params)
+        staleness[worker].append(updates - seen[worker])
+        updates += 1
+        seen[worker], served[worker], progress[worker] = updates, served[worker] + 1, step
+        if served[worker] < len(exchanges):
+            receives[worker] = comm.Irecv(inbox[worker], source=worker, tag=TAG_WORKER)
+        elif at_first_finish is None:                             # the first worker made its last exchange
+            at_first_finish = {str(w): progress[w] + 1 for w in workers}
+        run.completed_steps = step + 1
+        run.end_step(turn, None, lr, total=total_turns)
+        turn += 1
+    world.wait(list(sends.values()), "receipt of the center", peers=workers)
+    return center, {"staleness": staleness_stats([s for values in staleness.values() for s in values]),
+                    "staleness_mean_per_worker": {str(w): float(np.mean(v)) if v else None for w, v in staleness.items()},
+                    "steps_when_first_worker_finished": at_first_finish}
 
 
 def work(run: Run, stage, local: HostSGD, rho: float, start: int) -> dict:
     """Local SGD steps; at exchange steps send W^i_t, receive W̄_t and apply (1)."""
     world, timer, comm, config = run.world, run.timer, run.world.comm, run.config
     run.rescue_note = "the master, rank 0, held the center"
-    mine, center = np.empty_like(local.params), np.empty_like(local.params)
+    size = len(local.params)
+    mine, center = np.empty(size + 1, local.params.dtype), np.empty_like(local.params)
     worker = world.rank - 1
     saves = checkpoint_steps(run, start)
     stage.set_params(local.params)
@@ -181,7 +267,7 @@ def work(run: Run, stage, local: HostSGD, rho: float, start: int) -> dict:
         lr = run.lr(step)
         exchange = step % run.options.tau == 0
         if exchange:
-            mine[...] = local.params                                   # W^i_t, before this step's update
+            mine[:size], mine[size] = local.params, step               # W^i_t, before this step's update
             requests = [comm.Isend(mine, dest=0, tag=TAG_WORKER), comm.Irecv(center, source=0, tag=TAG_CENTER)]
         with timer.phase(COMPUTE):
             loss, grad = stage.loss_and_grad(*run.shard(step, worker))

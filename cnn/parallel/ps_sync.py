@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from cnn.parallel.common import Run
-from cnn.parallel.synchronous import train_synchronous
+from cnn.parallel.synchronous import Exchange, train_synchronous
 from cnn.parallel.timing import AVERAGE, DISTRIBUTE, FETCH, UPDATE
 
 TAG_GRADIENT, TAG_WEIGHTS = 1, 2
@@ -32,7 +32,7 @@ def layout(size: int, options) -> tuple[int, dict[int, str]]:
     return size, {0: "server + worker"}
 
 
-class ParameterServer:
+class ParameterServer(Exchange):
     """The exchange of one ps-sync step: ``__call__(message, opt, lr)`` → mean loss, new weights in ``opt``."""
 
     def __init__(self, world, timer, size: int, dtype):

@@ -3,13 +3,15 @@
     python -m cnn.parallel.report FILE.json [...]                  # print the strategy table
     python -m cnn.parallel.report FILE.json --into docs/distributed.md
     python -m cnn.parallel.report --cost-model benchmarks/results/parallel_cost_model.json --into docs/distributed.md
+    python -m cnn.parallel.report --algorithms benchmarks/results/parallel_algorithms.json --into docs/distributed.md
 
 A FILE holds one summary (what ``--summary`` writes) or a list of them (what
 ``benchmarks/parallel_strategies.py`` collects). The table's columns are seed 000's phases, in
 milliseconds per step of the rank shown (rank 0 where it computes, else the mean of the workers).
 ``--into`` replaces the text between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` in a
-Markdown file (NAME = parallel-strategies or parallel-cost-model), so the README's numbers are
-regenerated from the JSON, never typed.
+Markdown file (NAME = parallel-strategies, parallel-cost-model, or parallel-SECTION for each section
+of ``benchmarks/parallel_algorithms.py``'s results), so the numbers are regenerated from the JSON,
+never typed.
 """
 
 from __future__ import annotations
@@ -30,17 +32,29 @@ COLUMN_NOTE = ("Columns: ms per step of the rank named in *notes*; " + ", ".join
 
 
 def label(summary: dict) -> str:
-    """The strategy and the option that tells its variants apart."""
+    """The strategy and the options that tell its variants apart (runs recorded before an option
+    existed ran what is now its other value: SGD, the round-robin EASGD, the cut after Flatten)."""
     options, name = summary["options"], summary["strategy"]
     if name == "allreduce":
-        return f"allreduce ({options['allreduce']})"
+        return f"allreduce ({options['allreduce']}{', overlapped' if options.get('overlap') else ''})"
     if name == "easgd":
-        return f"easgd ({options['easgd_mode']}, τ={options['tau']})"
+        mode = options["easgd_mode"]
+        if mode == "async" and "steps_when_first_worker_finished" not in summary:
+            mode = "round-robin"          # recorded when "async" named the round-robin
+        return f"easgd ({mode}, τ={options['tau']})"
     if name == "downpour":
-        return f"downpour (push {options['n_push']}, fetch {options['n_fetch']})"
+        return f"downpour ({options.get('server_rule') or 'sgd'}, push {options['n_push']}, fetch {options['n_fetch']})"
+    if name == "sandblaster":
+        return f"sandblaster ({options.get('optimizer', 'sgd').replace('lbfgs', 'L-BFGS')})"
     if name == "model-parallel":
-        return f"model-parallel ({options['micro_batches']} micro-batches)"
+        cut = summary.get("split") or "7, after Flatten"
+        return f"model-parallel (cut {cut}, {options['micro_batches']} micro-batches)"
     return name
+
+
+def machine_key(summary: dict) -> tuple:
+    machine = summary.get("machine", {})
+    return machine.get("host"), machine.get("cpu"), machine.get("cores")
 
 
 def machine_line(summaries: list[dict]) -> str:
@@ -56,11 +70,27 @@ def machine_line(summaries: list[dict]) -> str:
             f"{' or '.join(map(str, ranks))} ranks per run ({layout}){load}.")
 
 
+def machines(summaries: list[dict]) -> list[tuple]:
+    """The machines the summaries were measured on, in order of first appearance."""
+    return list(dict.fromkeys(machine_key(summary) for summary in summaries))
+
+
+def machine_lines(summaries: list[dict]) -> str:
+    """One ``machine_line`` per machine; with more than one, each starts with the mark its rows carry."""
+    keys = machines(summaries)
+    if len(keys) == 1:
+        return machine_line(summaries)
+    return "\n".join(f"[{chr(65 + i)}] " + machine_line([s for s in summaries if machine_key(s) == key])
+                     for i, key in enumerate(keys))
+
+
 def strategy_table(summaries: list[dict]) -> str:
-    """One row per run: layout, ms per step and its breakdown, throughput, accuracy, staleness."""
+    """One row per run: layout, ms per step and its breakdown, throughput, accuracy, staleness (and,
+    when the runs come from several machines, the mark of the machine each row was measured on)."""
     header = ["strategy", "ranks", "global batch", "peak lr", "epochs", "ms/step"] + \
              [name for name, _ in COLUMNS] + ["other", "img/s", "test acc.", "notes"]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    keys = machines(summaries)
     for summary in summaries:
         breakdown = summary["breakdown_s"]
         step = breakdown.get("step", 0.0)
@@ -68,9 +98,11 @@ def strategy_table(summaries: list[dict]) -> str:
         other = step - sum(phases)
         accuracy = summary["final_test_accuracy"]
         config = summary["config"]
+        lbfgs = summary["options"].get("optimizer") == "lbfgs" and summary["strategy"] == "sandblaster"
         peak_lr = config["lr"] * (config["lr_scale"] if config["schedule"] == "warmup" else 1)
-        cells = [label(summary), str(summary["ranks"]), str(summary["global_batch"]), f"{peak_lr:g}",
-                 str(config["epochs"]), f"{step * 1e3:.1f}"]
+        mark = f" [{chr(65 + keys.index(machine_key(summary)))}]" if len(keys) > 1 else ""
+        cells = [label(summary) + mark, str(summary["ranks"]), str(summary["global_batch"]),
+                 "line search" if lbfgs else f"{peak_lr:g}", str(config["epochs"]), f"{step * 1e3:.1f}"]
         cells += [f"{seconds * 1e3:.1f}" if seconds else "–" for seconds in phases]
         cells += [f"{other * 1e3:.1f}", f"{summary['images_per_second']:.0f}",
                   f"{accuracy:.2%}" if accuracy is not None else "–", notes(summary)]
@@ -89,6 +121,13 @@ def notes(summary: dict) -> str:
         parts.append(f"staleness mean {stale['mean']:.2f}, max {stale['max']}")
     if "duplicates" in summary:
         parts.append(f"{summary['duplicates']} duplicate portions")
+    if summary.get("lbfgs"):
+        parts.append(f"{summary['lbfgs']['evaluations_per_iteration']:.1f} evaluations an iteration")
+    if summary.get("steps_when_first_worker_finished"):
+        parts.append("steps when the first worker finished: " + ", ".join(
+            f"rank {rank} {steps}" for rank, steps in sorted(summary["steps_when_first_worker_finished"].items())))
+    if summary.get("gpu_path"):
+        parts.append(summary["gpu_path"])
     if summary.get("lost_ranks"):
         parts.append(f"lost rank(s) {summary['lost_ranks']}")
     if summary["status"] != "completed":
@@ -130,6 +169,85 @@ def wait_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def measured_on(section: dict) -> str:
+    """"Measured on CPU (N cores, load L)" for one section of parallel_algorithms.json."""
+    machine = section.get("machine", {})
+    cores, load = machine.get("usable_cores") or machine.get("cores"), (machine.get("load_average") or [None])[0]
+    return (f"Measured on {machine.get('cpu', 'an unknown CPU')} with {cores} cores"
+            + (f", 1-minute load average {load:.1f}" if load is not None else "")
+            + f" ({section.get('seconds', 0) / 60:.0f} min)")
+
+
+def staleness_table(section: dict) -> str:
+    """Downpour's final accuracy and loss per server rule and fetch interval."""
+    lines = [measured_on(section) + "; 4 ranks (3 replicas, oversubscribed where the cores are fewer).", "",
+             "| server rule | lr | --n-fetch | test accuracy | test loss | staleness mean, max |", "|---|---|---|---|---|---|"]
+    for row in section["results"]:
+        rule = "SGD, momentum " + f"{row['momentum']:g}" if row["rule"] == "sgd" else "Adagrad"
+        stale = row["staleness"]
+        lines.append(f"| {rule} | {row['lr']:g} | {row['n_fetch']} | {row['accuracy']:.2%} | {row['loss']:.3f} | "
+                     f"{stale['mean']:.2f}, {stale['max']} |")
+    return "\n".join(lines)
+
+
+def straggler_table(section: dict) -> str:
+    """EASGD's workers' ms a step, and how far each had got when the first finished, per mode."""
+    rows = section["results"]
+    workers = sorted(rows[0]["step_ms"], key=int)
+    lines = [measured_on(section) + "; 4 ranks (a master, 3 workers); worker rank 1 computes 3× slower.", "",
+             "| mode | " + " | ".join(f"rank {w}: ms a step" for w in workers) +
+             " | steps done when the first worker finished | wall time | test accuracy |",
+             "|---|" + "---|" * len(workers) + "---|---|---|"]
+    for row in rows:
+        progress = row.get("steps_when_first_worker_finished")
+        done = ", ".join(f"rank {w}: {progress[w]}" for w in workers) if progress else "all together (lock-step)"
+        lines.append(f"| {row['mode']} | " + " | ".join(f"{row['step_ms'][w]:.1f}" for w in workers) +
+                     f" | {done} of {row['steps']} | {row['train_seconds']:.1f} s | {row['accuracy']:.2%} |")
+    return "\n".join(lines)
+
+
+def overlap_table(section: dict) -> str:
+    """Median step and wait-after-backward, plain against overlapped, per rank count."""
+    lines = [measured_on(section) + "; the two kinds of step alternate inside one MPI job per rank count.", "",
+             "| ranks | plain: ms a step | overlapped: ms a step | overlapped ÷ plain | wait after the backward: "
+             "plain | overlapped | oversubscribed |", "|---|---|---|---|---|---|---|"]
+    for row in section["results"]:
+        step, wait = row["step_s"], row["wait_s"]
+        lines.append(f"| {row['ranks']} | {step['plain'] * 1e3:.2f} | {step['overlapped'] * 1e3:.2f} | "
+                     f"{row['step_ratio']:.2f} | {wait['plain'] * 1e3:.2f} ms | {wait['overlapped'] * 1e3:.2f} ms | "
+                     f"{'yes' if row['oversubscribed'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def model_split_table(section: dict) -> str:
+    """The per-layer cost probe, then each cut's compute per rank and step time at 1, 4, 8 micro-batches."""
+    result = section["results"]
+    costs = result["layer_costs_s"]
+    batches = sorted(costs, key=int, reverse=True)
+    lines = [measured_on(section) + "; 2 ranks.", "",
+             "| layer | " + " | ".join(f"ms at batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
+    for index, name in enumerate(result["layers"]):
+        lines.append(f"| {index} {name} | " + " | ".join(f"{costs[b][index] * 1e3:.3f}" for b in batches) + " |")
+    lines.append("| balanced cut | " + " | ".join(result["balanced"][b] for b in batches) + " |")
+    lines += ["", "| cut | micro-batches | rank 0 compute, ms | rank 1 compute, ms | ms a step | test accuracy |",
+              "|---|---|---|---|---|---|"]
+    for run in result["runs"]:
+        lines.append(f"| {run['split']}{' (balanced)' if run['asked'] == 'balanced' else ' (after Flatten)'} | "
+                     f"{run['micro_batches']} | {run['compute_ms']['0']:.1f} | {run['compute_ms']['1']:.1f} | "
+                     f"{run['step_ms']:.1f} | {run['accuracy']:.2%} |")
+    return "\n".join(lines)
+
+
+ALGORITHM_TABLES = {"staleness": staleness_table, "straggler": straggler_table, "overlap": overlap_table,
+                    "model-split": model_split_table}
+
+
+def algorithm_tables(results: dict) -> str:
+    """Every section of benchmarks/results/parallel_algorithms.json as a Markdown table."""
+    return "\n\n".join(f"{name}:\n\n{ALGORITHM_TABLES[name](section)}" for name, section in results.items()
+                       if name in ALGORITHM_TABLES)
+
+
 def ratio(measured: float | None, model: float | None) -> str:
     return f"{measured / model:.1f}×" if measured and model else "–"
 
@@ -162,14 +280,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cnn.parallel.report", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="summary JSON files")
     parser.add_argument("--cost-model", default=None, help="benchmarks/results/parallel_cost_model.json")
+    parser.add_argument("--algorithms", default=None, help="benchmarks/results/parallel_algorithms.json")
     parser.add_argument("--into", default=None, help="Markdown file whose marked section is replaced")
     args = parser.parse_args(argv)
+    if args.algorithms:
+        results = json.loads(Path(args.algorithms).read_text())
+        for name, section in results.items():
+            text = ALGORITHM_TABLES[name](section)
+            if args.into:
+                replace_between_markers(args.into, f"parallel-{name}", text)
+            else:
+                print(f"{name}:\n\n{text}\n")
+        return 0
     if args.cost_model:
         result = json.loads(Path(args.cost_model).read_text())
         name, text = "parallel-cost-model", cost_table(result) + "\n\n" + wait_table(result)
     else:
         summaries = load(args.files)
-        name, text = "parallel-strategies", (machine_line(summaries) + "\n\n" + strategy_table(summaries)
+        name, text = "parallel-strategies", (machine_lines(summaries) + "\n\n" + strategy_table(summaries)
                                              + "\n\n" + COLUMN_NOTE)
     if args.into:
         replace_between_markers(args.into, name, text)

@@ -19,13 +19,34 @@ from __future__ import annotations
 import numpy as np
 
 from cnn.parallel import resume
-from cnn.parallel.common import Run, server_optimizer
+from cnn.parallel.common import Run
+from cnn.parallel.optimizers import server_optimizer
 from cnn.parallel.timing import COMPUTE
 
 
-def train_synchronous(run: Run, exchange) -> dict:
-    """Train with ``exchange(message, opt, lr) -> mean loss``; ``exchange.prepare(step)`` runs before
-    compute; ``exchange.rescue_lacks(rank)`` says what a rescue checkpoint written by ``rank`` lacks."""
+class Exchange:
+    """What a synchronous strategy does with each step's gradient (``ps_sync.ParameterServer``,
+    ``allreduce.Allreduce``): ``prepare(step)`` runs before compute, ``compute`` fills the message
+    [gradient | loss] (an exchange may start sending while it does: ``allreduce --overlap``),
+    ``__call__(message, opt, lr)`` turns it into the new weights in ``opt`` and returns the mean
+    loss; ``rescue_lacks(rank)`` says what a rescue checkpoint written by ``rank`` lacks."""
+
+    def prepare(self, step: int) -> None:
+        pass
+
+    def rescue_lacks(self, rank: int) -> str:
+        return ""
+
+    def compute(self, stage, images, labels, message: np.ndarray) -> None:
+        loss, grad = stage.loss_and_grad(images, labels)
+        message[:-1], message[-1] = grad, loss
+
+    def __call__(self, message: np.ndarray, opt, lr: float) -> float:
+        raise NotImplementedError
+
+
+def train_synchronous(run: Run, exchange: Exchange) -> dict:
+    """Train with ``exchange`` (an ``Exchange``): every rank computes, the exchange averages."""
     world, config, timer = run.world, run.config, run.timer
     stage = run.make_stage()
     opt = server_optimizer(run.initial_params(stage), config)
@@ -33,7 +54,7 @@ def train_synchronous(run: Run, exchange) -> dict:
     resumed, start = resume.load(run), 0
     if resumed:
         resume.broadcast(run, resumed, "params", opt.params)
-        resume.broadcast(run, resumed, "momentum", opt.velocity)
+        resume.broadcast(run, resumed, "momentum", opt.velocity)        # SGD: the synchronous rule
         start = resumed.step
     stage.set_params(opt.params)
     size = run.net.num_params
@@ -43,19 +64,18 @@ def train_synchronous(run: Run, exchange) -> dict:
         lr = run.lr(step)
         exchange.prepare(step)
         with timer.phase(COMPUTE):
-            loss, grad = stage.loss_and_grad(*run.shard(step, world.rank))
+            exchange.compute(stage, *run.shard(step, world.rank), message)
         world.maybe_straggle(timer.current[COMPUTE])
-        message[:size], message[size] = grad, loss
         mean_loss = exchange(message, opt, lr)
         stage.set_params(opt.params)
         run.completed_steps = step + 1
         run.end_step(step, mean_loss, lr, workers=world.size)
-        _evaluate_and_checkpoint(run, stage, step)
+        evaluate_and_checkpoint(run, stage, step)
     run.training_done()
     return {}
 
 
-def _evaluate_and_checkpoint(run: Run, stage, step: int) -> None:
+def evaluate_and_checkpoint(run: Run, stage, step: int) -> None:
     """Per-step and per-epoch evaluation (every rank scores a share), checkpoints by rank 0 only."""
     config, done = run.config, step + 1
     if config.eval_every and done % config.eval_every == 0:
