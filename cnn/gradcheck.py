@@ -17,8 +17,11 @@ import numpy as np
 
 
 def rel_error(a, b) -> float:
-    """max|a − b| / max(max|a|, max|b|): 0 for equal arrays, ~1 for unrelated ones."""
+    """max|a − b| / max(max|a|, max|b|): 0 for equal arrays, ~1 for unrelated ones, and infinite when
+    either holds a NaN or an infinity — an output a kernel never wrote (or broke) must never pass."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("inf")
     scale = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0))
     return float(np.abs(a - b).max(initial=0.0) / scale) if scale > 0 else 0.0
 

@@ -139,3 +139,13 @@ def test_registry_and_unknown_stage():
     assert get_stage("numpy") is NumpyStage
     with pytest.raises(ValueError, match="unknown stage 'nope'"):
         get_stage("nope")
+
+
+def test_rel_error_refuses_nan_and_infinity():
+    """A kernel that never writes its output (NaN-poisoned buffers) or blows up must fail every check."""
+    ones = np.ones(4)
+    assert rel_error(ones, ones) == 0.0 and rel_error(ones, 2 * ones) == 0.5
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = ones.copy()
+        broken[2] = bad
+        assert rel_error(broken, ones) == float("inf") and rel_error(ones, broken) == float("inf")
