@@ -126,19 +126,22 @@ def test_weight_decay_is_part_of_the_objective():
 # -- model parallelism: where to cut -------------------------------------------------------------------
 
 def test_the_balanced_cut_splits_a_convolution_when_no_plain_cut_balances():
-    """Synthetic costs: conv2's block (layers 3-5) is 70 % of the work, so no plain cut balances; half
-    its filters on each side does (rank 0: 10 + 5 + 0.5·70 = 50, rank 1: 0.5·70 + 15 = 50)."""
+    """Synthetic costs: conv2's block (layers 3-5) is 70 of the 100 units of work, 6 of them fixed
+    (paid by both shares) and 4 a filter, so no plain cut balances; 8 of its 16 filters on each side
+    do: rank 0 15 + 6 + 4·8 = 53, rank 1 6 + 4·8 + 15 = 53, against 85 / 15 after Flatten."""
     from cnn.model import get_network
     from cnn.parallel import partition
 
     net = get_network("lenet5")
-    costs = np.array([10, 2, 3, 60, 4, 6, 0, 10, 1, 2, 1, 1], float)
+    layers = np.array([10, 2, 3, 60, 4, 6, 0, 10, 1, 2, 1, 1], float)
+    costs = partition.Costs(layers, {0: (4.0, 11 / 6), 3: (6.0, 4.0)})
     best = partition.balanced_partition(net, costs)
     assert best == partition.Partition(3, 8)
-    assert partition.rank_costs(net, costs, best) == pytest.approx((50, 50))
+    assert partition.rank_costs(net, costs, best) == pytest.approx((53, 53))
     assert max(partition.rank_costs(net, costs, partition.default_cut(net))) == 85      # after Flatten
-    flat_costs = np.ones(12)                                                            # evenly spread
-    assert partition.balanced_partition(net, flat_costs) == partition.Partition(6)      # a plain cut wins ties
+    even = partition.Costs(np.ones(12), {0: (1.0, 0.0), 3: (1.0, 0.0)})                 # evenly spread
+    assert partition.balanced_partition(net, even) == partition.Partition(6)            # a plain cut wins ties
+    assert partition.Costs.from_json(costs.as_json()).blocks == costs.blocks
 
 
 @pytest.mark.parametrize("split", ["3:5", "0:2", "5", "7"])
@@ -171,10 +174,11 @@ def test_impossible_splits_are_one_line(text, fragment):
     assert fragment in str(refusal.value) and "\n" not in str(refusal.value)
 
 
-def test_the_probe_times_every_layer():
+def test_the_probe_times_every_layer_and_splits_each_convolution_block():
     from cnn.model import get_network
-    from cnn.parallel.partition import layer_costs
+    from cnn.parallel.partition import measure_costs
     from cnn.stages import get_stage
 
-    costs = layer_costs(get_network("lenet5"), get_stage("numpy"), batch=2, repeats=1)
-    assert costs.shape == (12,) and np.all(costs > 0)
+    costs = measure_costs(get_network("lenet5"), get_stage("numpy"), batch=2, repeats=1)
+    assert costs.layers.shape == (12,) and np.all(costs.layers > 0)
+    assert sorted(costs.blocks) == [0, 3] and all(fixed >= 0 and per >= 0 for fixed, per in costs.blocks.values())

@@ -173,13 +173,12 @@ def test_model_parallel_split_by_channels_or_by_cost_equals_one_process(split, d
     assert_ran_to_the_end(result)
     summary = result.summary
     if split:
-        assert summary["split"] == split and summary["layer_costs_s"] is None
+        assert summary["split"] == split and summary["costs_s"] is None
     else:
-        costs = np.array(summary["layer_costs_s"])
-        assert len(costs) == 12 and np.all(costs > 0) and summary["rank_costs_s"] is not None
         from cnn.parallel import partition
-        chosen = partition.balanced_partition(get_network("lenet5"), costs)
-        assert summary["split"] == str(chosen)
+        costs = partition.Costs.from_json(summary["costs_s"])
+        assert len(costs.layers) == 12 and np.all(costs.layers > 0) and summary["rank_costs_s"] is not None
+        assert summary["split"] == str(partition.balanced_partition(get_network("lenet5"), costs))
     expected = one_process_float64(data_dir, 8, 48)
     got = checkpoint_of(tmp_path / "run.npz")["params"]
     assert relative_error(got, expected) < 1e-12, relative_error(got, expected)

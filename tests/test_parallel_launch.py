@@ -134,6 +134,7 @@ def test_a_run_that_learned_nothing_warns_instead_of_completing(data_dir, tmp_pa
 
 @pytest.mark.parametrize("argv, momentum, lr", [
     (["--strategy", "downpour"], 0.5, 0.01),          # Adagrad on the server: its first step moves every weight by lr
+    (["--strategy", "downpour", "--server-rule", "adagrad"], 0.5, 0.01),
     (["--strategy", "downpour", "--server-rule", "sgd"], 0.5, 0.05),   # stale gradients already act as momentum
     (["--strategy", "hogwild"], 0.5, 0.05),
     (["--strategy", "downpour", "--momentum", "0.9", "--lr", "0.01"], 0.9, 0.01),   # given flags win

@@ -15,15 +15,20 @@ The strategies, one module each:
 ``ps-sync``         synchronous parameter server: gradients gathered to rank 0, averaged, applied,
                     the new weights sent back (seed 000)
 ``allreduce``       data-parallel with an allreduce of the flat gradient: MPI's own, or a ring
-                    (reduce-scatter + all-gather) written out with point-to-point messages
+                    (reduce-scatter + all-gather) written out with point-to-point messages;
+                    ``--overlap``: one allreduce per layer during the backward pass; with a CUDA
+                    stage the gradient stays on the GPU (``gpu_ranks``)
 ``downpour``        asynchronous parameter server (Downpour SGD): push every n_push steps, fetch
-                    every n_fetch steps, updates applied one at a time as they arrive
+                    every n_fetch steps, updates applied one at a time as they arrive, by Adagrad
+                    (default) or SGD with momentum (``optimizers``)
 ``hogwild``         lock-free updates to one weight vector in an MPI shared-memory window
-``easgd``           elastic averaging SGD, synchronous or asynchronous round-robin (seed 001)
+``easgd``           elastic averaging SGD: synchronous, round-robin (seed 001), or asynchronous
+                    (each worker at its own pace)
 ``sandblaster``     a coordinator hands portions of each batch to idle workers and duplicates the
-                    portions of stragglers; one update per full batch (seed 002)
-``model-parallel``  the network split by layers across two ranks, activations and gradients sent
-                    between them, optional micro-batch pipelining
+                    portions of stragglers; one L-BFGS iteration (``lbfgs``) or SGD step per batch
+                    (seed 002)
+``model-parallel``  the network split across two ranks where the measured cost balances, a
+                    convolution's filters shared (``partition``), optional micro-batch pipelining
 ==================  ==============================================================================
 
 Every strategy follows Horovod's recipe: the initial weights are broadcast from rank 0, the learning

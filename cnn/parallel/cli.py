@@ -8,7 +8,10 @@ defaults differ:
   workers (the linear scaling rule with a per-batch warmup); the others keep the rate constant;
 - the lock-free and stale-gradient strategies (``downpour``, ``hogwild``) take ``--momentum 0.5
   --lr 0.05``: asynchrony already acts as momentum (Mitliagkas et al. 2016), and with the usual 0.9
-  a 4-rank Downpour run on MNIST ended at chance accuracy.
+  a 4-rank Downpour run on MNIST ended at chance accuracy;
+- ``downpour``'s server runs Adagrad (``--server-rule adagrad``) with ``--lr 0.01``: Adagrad's
+  first step moves every weight by the rate, whatever the size of its gradient;
+- ``sandblaster`` runs L-BFGS (``--optimizer lbfgs``): ``--lr`` is only its first trial step.
 
 Give the flag to choose yourself. The arguments are parsed before MPI starts, so a bad flag costs
 nothing; only rank 0 prints the one-line error (the rank comes from the launcher's environment).
@@ -112,13 +115,15 @@ def settings_from_args(args: argparse.Namespace):
         args.schedule = "warmup" if args.strategy in GROWING_BATCH else "constant"
     if args.server_rule is None:
         args.server_rule = "adagrad" if args.strategy == "downpour" else "sgd"
-        if args.strategy == "downpour" and args.lr is None:
-            args.lr = ADAGRAD_LR
+    if args.strategy == "downpour" and args.server_rule == "adagrad" and args.lr is None:
+        args.lr = ADAGRAD_LR
     for name in ("momentum", "lr"):
         if getattr(args, name) is None:
             setattr(args, name, STALE_DEFAULTS.get(args.strategy, {}).get(name, getattr(TrainConfig, name)))
     if (args.kill_rank is None) != (args.kill_at_step is None):
         raise ValueError("--kill-rank and --kill-at-step go together")
+    if args.overlap and args.allreduce != "mpi":
+        raise ValueError("--overlap needs --allreduce mpi: the hand-written ring waits on every chunk")
     options = ParallelOptions(**{f.name: getattr(args, f.name) for f in fields(ParallelOptions)})
     hooks = FaultHooks(args.kill_rank, args.kill_at_step, args.slow_rank, args.slow_down)
     return args, options, hooks

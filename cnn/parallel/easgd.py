@@ -247,7 +247,8 @@ def master_async(run: Run, params: np.ndarray, rho: float, start: int) -> tuple[
         turn += 1
     world.wait(list(sends.values()), "receipt of the center", peers=workers)
     return center, {"staleness": staleness_stats([s for values in staleness.values() for s in values]),
-                    "staleness_mean_per_worker": {str(w): float(np.mean(v)) if v else None for w, v in staleness.items()},
+                    "staleness_mean_per_worker": {str(w): float(np.mean(v)) if v else None
+                                                  for w, v in staleness.items()},
                     "steps_when_first_worker_finished": at_first_finish}
 
 

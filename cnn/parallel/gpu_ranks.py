@@ -123,8 +123,8 @@ class DeviceExchange:
             self.d_scale = cuda.to_device(np.array([1.0 / run.world.size], np.float32))
         else:
             self.reduced = cuda.pinned_array(size, dtype=np.float32)
-            self.path = ("staged: the gradient ring's pinned host copy (copy stream) → MPI_Iallreduce → pinned "
-                         "→ the ring slot" if self.ring else "staged: get_grad → MPI_Iallreduce → pinned → device")
+            self.path = ("staged: the gradient ring's pinned host copy (copy stream) → MPI_Iallreduce → pinned → "
+                         "the ring slot" if self.ring else "staged: get_grad → MPI_Iallreduce → pinned → device")
 
     def describe(self) -> str:
         return f"GPU ranks: {self.path} ({self.reason}); weights and momentum stay on the GPU"

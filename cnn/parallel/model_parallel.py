@@ -126,7 +126,7 @@ class Side:
             stage.update(lr, config.momentum, config.weight_decay)
 
 
-def choose_partition(run: Run) -> tuple[partition.Partition, list[float] | None]:
+def choose_partition(run: Run) -> tuple[partition.Partition, partition.Costs | None]:
     """--split as given, else rank 0 probes the layers' cost at the micro-batch size and picks the
     balanced cut; every rank gets the same (and the costs, for the summary)."""
     given = partition.parse_split(run.options.split, run.net)
@@ -135,11 +135,11 @@ def choose_partition(run: Run) -> tuple[partition.Partition, list[float] | None]
     choice = None
     if run.rank == 0:
         micro_batch = max(1, run.config.batch_size // run.options.micro_batches)
-        costs = partition.layer_costs(run.net, get_stage(run.config.stage), micro_batch, run.dtype)
+        costs = partition.measure_costs(run.net, get_stage(run.config.stage), micro_batch, run.dtype)
         best = partition.balanced_partition(run.net, costs)
-        choice = {"cut": best.cut, "channels": best.channels, "costs": costs.tolist()}
+        choice = {"cut": best.cut, "channels": best.channels, "costs": costs.as_json()}
     choice = run.world.broadcast_object(choice, "the balanced cut")
-    return partition.Partition(choice["cut"], choice["channels"]), choice["costs"]
+    return partition.Partition(choice["cut"], choice["channels"]), partition.Costs.from_json(choice["costs"])
 
 
 def train(run: Run) -> dict:
@@ -152,7 +152,7 @@ def train(run: Run) -> dict:
     cut, costs = choose_partition(run)
     front, back = partition.pieces(run.net, cut)
     side = Side(run, front if world.rank == 0 else back)
-    shares = partition.rank_costs(run.net, np.array(costs), cut) if costs else None
+    shares = partition.rank_costs(run.net, costs, cut) if costs else None
     why = f"balanced: {shares[0] * 1e3:.2f} / {shares[1] * 1e3:.2f} ms measured" if shares else "--split"
     run.announce(f"cut {cut} ({why}); rank 0: {' + '.join(p.net.name for p in front)}, "
                  f"rank 1: {' + '.join(p.net.name for p in back)}; {options.micro_batches} micro-batch(es)")
@@ -187,7 +187,7 @@ def train(run: Run) -> dict:
             if world.rank == 0:
                 run.save(step + 1, model=model)
     run.training_done()
-    return {"extra": {"split": str(cut), "layer_costs_s": costs, "rank_costs_s": shares}}
+    return {"extra": {"split": str(cut), "costs_s": costs.as_json() if costs else None, "rank_costs_s": shares}}
 
 
 class Flow:

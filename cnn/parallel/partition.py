@@ -7,10 +7,10 @@ after it (ReLU, MaxPool), which need only their own channels — runs on both ra
 rank 0 and the other F − C on rank 1, each reading the same input (as Krizhevsky's two GPUs each held
 half of a layer's filters, and DistBelief split layers across machines)::
 
-    rank 0:  head = layers [0, K)  ──── a ────▶  rank 1
-             share0 = block K, channels [0, C)   share1 = block K, channels [C, F)
-                      ─────────── y0 ──────────▶ y = [y0 | y1] (channels) → tail = layers after block K → loss
-             backward:                 ◀── dL/dy0, dL/da from channels [C, F) ──
+    rank 0:  head = layers [0, K)        ── a ──▶   rank 1:
+             share0 = block K, [0, C)               share1 = block K, channels [C, F)
+                                         ── y0 ──▶  y = [y0 | y1] → tail = the layers after block K → loss
+             backward:   ◀── dL/dy0, and dL/da from channels [C, F) ──
              dL/da = the sum of both shares' dL/da; then the head's backward
 
 Each piece is a ``Network`` of its own (a ``Flatten`` appended where it ends in an image, since a
@@ -18,10 +18,14 @@ Each piece is a ``Network`` of its own (a ``Flatten`` appended where it ends in 
 which layer of the whole network, and which of its output channels, each of its layers holds, so
 the whole flat parameter vector is cut into the pieces' vectors and put back together from them.
 
-Balancing. ``layer_costs`` times each layer's forward + backward alone on a batch (a quick probe:
-the median of a few repeats, on this machine, with this stage); with c_i those costs and c_K the
-block's, the cut K:C costs rank 0 Σ_{i<K} c_i + (C/F)·c_K and rank 1 the rest (a block's cost is
-taken as proportional to its filters). ``balanced_partition`` takes the cut — plain, or through a
+Balancing. ``measure_costs`` times each layer's forward + backward alone on a batch, and each
+convolution block with a single filter (a quick probe: the fastest of a few interleaved repeats, on
+this machine, with this stage). With c_i the layers' costs, a plain cut K costs rank 0 Σ_{i<K} c_i and
+rank 1 the rest. A shared block is not simply cheaper in proportion to its filters: each share reads
+the whole input and computes a whole input gradient (col2im adds up every tap whatever the filters),
+so the block's cost is split into a fixed part a and a part b per filter — the single-filter probe
+against the whole block gives both — and the cut K:C costs rank 0 Σ_{i<K} c_i + a + b·C and rank 1
+a + b·(F − C) + Σ_{i after the block} c_i. ``balanced_partition`` takes the cut — plain, or through a
 convolution's channels — whose slower rank is fastest.
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -150,35 +155,82 @@ def put(net: Network, flat: np.ndarray, piece: Piece, values: np.ndarray) -> Non
 
 # -- the probe and the balance ---------------------------------------------------------------------
 
-def layer_costs(net: Network, stage_class, batch: int, dtype=np.float32, repeats: int = 5,
-                seed: int = 0) -> np.ndarray:
-    """Seconds of forward + backward of each layer alone, on a random batch (median of ``repeats``)."""
-    rng, shapes, costs = np.random.default_rng(seed), net.activation_shapes(), []
-    for index, layer in enumerate(net.layers):
-        piece = _piece(net, f"probe {index}", shapes[index], [layer], [(index, None)])
+class Costs(NamedTuple):
+    """What the probe measured: seconds of forward + backward of each layer alone (``layers``), and
+    for each convolution block (by the index of its Conv) its cost split as ``fixed`` + ``per_filter``
+    × filters: the part a share of the block pays whatever its filters (reading the whole input,
+    and the input's gradient: its col2im adds up every tap) and the part that grows with them."""
+
+    layers: np.ndarray
+    blocks: dict[int, tuple[float, float]]
+
+    def as_json(self) -> dict:
+        return {"layers": self.layers.tolist(), "blocks": {str(k): list(v) for k, v in self.blocks.items()}}
+
+    @classmethod
+    def from_json(cls, value: dict) -> "Costs":
+        return cls(np.array(value["layers"]), {int(k): tuple(v) for k, v in value["blocks"].items()})
+
+
+def _conv_share(net: Network, index: int, filters: int) -> Piece:
+    """The convolution block at ``index`` with only ``filters`` of its output channels."""
+    conv, shapes, end = net.layers[index], net.activation_shapes(), block_end(net, index)
+    layer = Conv(conv.in_channels, filters, conv.kernel, conv.stride, conv.pad)
+    holds = [(index, slice(0, filters))] + [(i, None) for i in range(index + 1, end)]
+    return _piece(net, f"{net.name}[{index}][:{filters}]", shapes[index], [layer, *net.layers[index + 1:end]], holds)
+
+
+def time_pieces(pieces: list[Piece], input_shapes: list, stage_class, batch: int, dtype=np.float32,
+                repeats: int = 7, seed: int = 0) -> np.ndarray:
+    """Seconds of forward + backward of each piece alone, on a random batch.
+
+    Every repeat times every piece once, one after the other, and each keeps its fastest time: on a
+    busy machine a burst of someone else's work then lands on one repeat of every piece rather than
+    on all the repeats of one, and the fastest time is the one with the least of it.
+    """
+    rng, probes = np.random.default_rng(seed), []
+    for piece, shape in zip(pieces, input_shapes):
         stage = stage_class(piece.net, dtype)
         stage.set_params(0.1 * rng.standard_normal(piece.num_params).astype(dtype))
-        x = rng.standard_normal((batch, *shapes[index])).astype(dtype)
-        upstream = rng.standard_normal((batch, piece.net.num_classes)).astype(dtype)
-        times = []
-        for _ in range(repeats + 1):
+        probes.append((stage, rng.standard_normal((batch, *shape)).astype(dtype),
+                       rng.standard_normal((batch, piece.net.num_classes)).astype(dtype)))
+    times = np.empty((repeats + 1, len(probes)))
+    for repeat in range(repeats + 1):                   # the first round warms up: not counted
+        for index, (stage, x, upstream) in enumerate(probes):
             started = time.perf_counter()
             _, stage.saved = stage._forward_layers(x)
             stage.dlogits = upstream
             stage.backward()
-            times.append(time.perf_counter() - started)
-        costs.append(float(np.median(times[1:])))
-    return np.array(costs)
+            times[repeat, index] = time.perf_counter() - started
+    return times[1:].min(axis=0)
 
 
-def rank_costs(net: Network, costs: np.ndarray, partition: Partition) -> tuple[float, float]:
-    """(rank 0's, rank 1's) share of the per-layer ``costs`` under ``partition``."""
-    cut = partition.cut
+def measure_costs(net: Network, stage_class, batch: int, dtype=np.float32, repeats: int = 7) -> Costs:
+    """The probe: every layer alone, and every convolution block with one filter (which, against the
+    whole block, splits its cost into the fixed part and the part per filter)."""
+    shapes = net.activation_shapes()
+    singles = [_piece(net, f"probe {i}", shapes[i], [layer], [(i, None)]) for i, layer in enumerate(net.layers)]
+    convs = [i for i, layer in enumerate(net.layers) if isinstance(layer, Conv) and layer.out_channels > 1]
+    times = time_pieces(singles + [_conv_share(net, i, 1) for i in convs],
+                        shapes[:len(net.layers)] + [shapes[i] for i in convs], stage_class, batch, dtype, repeats)
+    layers, blocks = times[:len(net.layers)], {}
+    for index, one_filter in zip(convs, times[len(net.layers):]):
+        whole = float(layers[index:block_end(net, index)].sum())
+        per_filter = max(0.0, (whole - float(one_filter)) / (net.layers[index].out_channels - 1))
+        blocks[index] = (max(0.0, whole - per_filter * net.layers[index].out_channels), float(per_filter))
+    return Costs(layers, blocks)
+
+
+def rank_costs(net: Network, costs: Costs, partition: Partition) -> tuple[float, float]:
+    """(rank 0's, rank 1's) seconds under ``partition``: the layers each holds, and with a shared
+    block, each share's fixed part plus its filters' part."""
+    cut, layers = partition.cut, costs.layers
     if partition.channels is None:
-        return float(costs[:cut].sum()), float(costs[cut:].sum())
-    end, share = block_end(net, cut), partition.channels / net.layers[cut].out_channels
-    block = float(costs[cut:end].sum())
-    return float(costs[:cut].sum()) + share * block, (1 - share) * block + float(costs[end:].sum())
+        return float(layers[:cut].sum()), float(layers[cut:].sum())
+    fixed, per_filter = costs.blocks[cut]
+    filters, end = net.layers[cut].out_channels, block_end(net, cut)
+    return (float(layers[:cut].sum()) + fixed + per_filter * partition.channels,
+            fixed + per_filter * (filters - partition.channels) + float(layers[end:].sum()))
 
 
 def candidates(net: Network) -> list[Partition]:
@@ -189,7 +241,7 @@ def candidates(net: Network) -> list[Partition]:
     return plain + split
 
 
-def balanced_partition(net: Network, costs: np.ndarray) -> Partition:
+def balanced_partition(net: Network, costs: Costs) -> Partition:
     """The cut whose slower rank is fastest (a plain cut where one is as good: fewer messages)."""
     return min(candidates(net), key=lambda p: (round(max(rank_costs(net, costs, p)), 9), p.channels is not None))
 

@@ -114,7 +114,9 @@ def notes(summary: dict) -> str:
     from cnn.train import TrainConfig
 
     parts = [f"view: {summary['breakdown_view']}"]
-    if summary["config"]["momentum"] != TrainConfig.momentum:
+    rule = {"downpour": summary["options"].get("server_rule"), "sandblaster": summary["options"].get("optimizer")}
+    momentum_unused = rule.get(summary["strategy"]) in ("adagrad", "lbfgs")
+    if summary["config"]["momentum"] != TrainConfig.momentum and not momentum_unused:
         parts.append(f"momentum {summary['config']['momentum']:g}")
     if summary.get("staleness", {}).get("count"):
         stale = summary["staleness"]
@@ -181,7 +183,8 @@ def measured_on(section: dict) -> str:
 def staleness_table(section: dict) -> str:
     """Downpour's final accuracy and loss per server rule and fetch interval."""
     lines = [measured_on(section) + "; 4 ranks (3 replicas, oversubscribed where the cores are fewer).", "",
-             "| server rule | lr | --n-fetch | test accuracy | test loss | staleness mean, max |", "|---|---|---|---|---|---|"]
+             "| server rule | lr | --n-fetch | test accuracy | test loss | staleness mean, max |",
+             "|---|---|---|---|---|---|"]
     for row in section["results"]:
         rule = "SGD, momentum " + f"{row['momentum']:g}" if row["rule"] == "sgd" else "Adagrad"
         stale = row["staleness"]
@@ -222,12 +225,18 @@ def overlap_table(section: dict) -> str:
 def model_split_table(section: dict) -> str:
     """The per-layer cost probe, then each cut's compute per rank and step time at 1, 4, 8 micro-batches."""
     result = section["results"]
-    costs = result["layer_costs_s"]
+    costs = result["costs_s"]
     batches = sorted(costs, key=int, reverse=True)
-    lines = [measured_on(section) + "; 2 ranks.", "",
+    lines = [measured_on(section) + "; 2 ranks. The probe: ms of forward + backward of each layer alone, and of "
+             "each convolution block split into its fixed part + a part per filter.", "",
              "| layer | " + " | ".join(f"ms at batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
     for index, name in enumerate(result["layers"]):
-        lines.append(f"| {index} {name} | " + " | ".join(f"{costs[b][index] * 1e3:.3f}" for b in batches) + " |")
+        cells = [f"{costs[b]['layers'][index] * 1e3:.3f}" for b in batches]
+        lines.append(f"| {index} {name} | " + " | ".join(cells) + " |")
+    for block in costs[batches[0]]["blocks"]:
+        cells = [f"{costs[b]['blocks'][block][0] * 1e3:.3f} + {costs[b]['blocks'][block][1] * 1e3:.3f}/filter"
+                 for b in batches]
+        lines.append(f"| block {block}: fixed + per filter | " + " | ".join(cells) + " |")
     lines.append("| balanced cut | " + " | ".join(result["balanced"][b] for b in batches) + " |")
     lines += ["", "| cut | micro-batches | rank 0 compute, ms | rank 1 compute, ms | ms a step | test accuracy |",
               "|---|---|---|---|---|---|"]

@@ -1,0 +1,199 @@
+"""The measurements behind the algorithms of docs/distributed.md, on MNIST (a subset: short runs).
+
+    CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_algorithms.py            # all four
+    CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_algorithms.py --only overlap straggler
+    python -m cnn.parallel.report --algorithms benchmarks/results/parallel_algorithms.json --into docs/distributed.md
+
+- ``staleness``: Downpour (4 ranks: a server, 3 replicas) with the server's rule SGD with momentum
+  or Adagrad, fetching every 1, 4, 16 steps: final test accuracy and loss, staleness.
+- ``straggler``: EASGD round-robin against async, 4 ranks, worker rank 1 made 3× slower
+  (``--slow-rank 1 --slow-down 3``): each worker's ms a step, and how far each had got when the
+  first one finished.
+- ``overlap``: the allreduce after the backward pass against the one overlapped with it
+  (``--overlap``), at 2, 3 and 4 ranks, the two alternating step by step *inside one MPI job* so
+  that whatever else the machine does slows both alike; medians and their ratio.
+- ``model-split``: the per-layer cost probe, and model parallelism with the first version's cut
+  (after Flatten) against the balanced one, at 1, 4 and 8 micro-batches: each rank's compute and
+  the step time.
+
+Each section's results go into benchmarks/results/parallel_algorithms.json (the other sections are
+kept), with the machine, its cores and its load average: on a machine with fewer cores than ranks
+the times show where the time goes, not a cluster's speed — the tables say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")     # as the ranks have it: the probe times what a rank computes
+REPOSITORY = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPOSITORY))
+RESULTS = REPOSITORY / "benchmarks" / "results"
+OUT = RESULTS / "parallel_algorithms.json"
+SECTIONS = ("staleness", "straggler", "overlap", "model-split")
+SUBSET = dict(limit_train=9600, limit_test=2000, batch_size=32, init="xavier", epochs=1)
+
+
+def machine() -> dict:
+    from cnn.machine import machine_info
+    from cnn.parallel.launch import usable_cores
+
+    return {**machine_info(), "usable_cores": usable_cores(), "load_average": list(os.getloadavg())}
+
+
+def run(strategy: str, ranks: int, **options) -> dict:
+    from cnn.parallel.launch import launch
+
+    with tempfile.TemporaryDirectory() as scratch:
+        done = launch(strategy, ranks, summary=str(Path(scratch) / "summary.json"), timeout=3600, progress=False,
+                      checkpoint=str(Path(scratch) / "run.npz"), **{**SUBSET, **options})
+    if done.summary is None:
+        raise RuntimeError(f"{strategy} {options}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    return done.summary
+
+
+def staleness() -> list[dict]:
+    rows = []
+    for rule in ("sgd", "adagrad"):
+        for n_fetch in (1, 4, 16):
+            summary = run("downpour", 4, server_rule=rule, n_fetch=n_fetch)
+            rows.append({"rule": rule, "n_fetch": n_fetch, "lr": summary["config"]["lr"],
+                         "momentum": summary["config"]["momentum"], "accuracy": summary["final_test_accuracy"],
+                         "loss": summary["final_test_loss"], "staleness": summary["staleness"],
+                         "steps_per_replica": summary["steps"], "status": summary["status"]})
+            print(f"downpour {rule} n-fetch {n_fetch}: {rows[-1]['accuracy']:.2%}, loss {rows[-1]['loss']:.3f}", flush=True)
+    return rows
+
+
+def straggler() -> list[dict]:
+    rows = []
+    for mode in ("round-robin", "async"):
+        summary = run("easgd", 4, easgd_mode=mode, tau=1, slow_rank=1, slow_down=3, momentum=0.5)
+        rows.append({"mode": mode, "step_ms": {rank: phases["step"] * 1e3
+                                              for rank, phases in summary["breakdown_per_rank"].items() if rank != "0"},
+                     "steps": summary["steps"], "train_seconds": summary["train_wall_seconds"],
+                     "steps_when_first_worker_finished": summary.get("steps_when_first_worker_finished"),
+                     "staleness": summary.get("staleness"), "staleness_mean_per_worker":
+                         summary.get("staleness_mean_per_worker"), "accuracy": summary["final_test_accuracy"]})
+        print(f"easgd {mode}: ms a step per worker {rows[-1]['step_ms']}", flush=True)
+    return rows
+
+
+def overlap(repeats: int = 40) -> list[dict]:
+    from cnn.parallel.launch import environment, find_mpiexec, launcher_flags
+
+    rows = []
+    for ranks in (2, 3, 4):
+        with tempfile.TemporaryDirectory() as scratch:
+            out = Path(scratch) / "overlap.json"
+            mpiexec = find_mpiexec()
+            argv = [mpiexec, *launcher_flags(mpiexec, ranks, fault_tolerant=False), "-n", str(ranks), sys.executable,
+                    "-m", "mpi4py", __file__, "--overlap-job", str(out), "--repeats", str(repeats)]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=environment())
+            if done.returncode:
+                raise RuntimeError(done.stderr[-2000:])
+            rows.append(json.loads(out.read_text()))
+        print(f"overlap, {ranks} ranks: {rows[-1]}", flush=True)
+    return rows
+
+
+def overlap_job(out: str, repeats: int) -> None:
+    """Inside mpiexec: plain and overlapped steps alternating, each from a common start (a barrier)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from cnn.model import get_network
+    from cnn.parallel.allreduce import Allreduce, OverlappedAllreduce
+    from cnn.parallel.optimizers import HostSGD
+    from cnn.parallel.timing import AVERAGE, COMPUTE, PhaseTimer
+    from cnn.parallel.world import World
+    from cnn.stages import get_stage
+    from cnn.train import TrainConfig, load_dataset
+
+    world = World(MPI.COMM_WORLD, timeout=300)
+    config = TrainConfig(limit_train=SUBSET["limit_train"], limit_test=10, progress=False)
+    train_x, train_y, _, _ = load_dataset(config)
+    net = get_network("lenet5")
+    stage = get_stage("numpy")(net).init("xavier", 0)
+    opt = HostSGD(world.broadcast(stage.get_params(), "initial weights"), config)
+    timer = PhaseTimer(world.rank)
+    ways = {"plain": Allreduce(world, timer, "mpi"), "overlapped": OverlappedAllreduce(world, timer, net)}
+    message = np.empty(net.num_params + 1, np.float32)
+    steps, waits = {name: [] for name in ways}, {name: [] for name in ways}
+    batch = SUBSET["batch_size"]
+    for repeat in range(repeats + 2):
+        for name, exchange in ways.items():
+            rows = slice((repeat * world.size + world.rank) * batch % (len(train_x) - batch), None)
+            images, labels = train_x[rows][:batch], train_y[rows][:batch]
+            world.wait([world.comm.Ibarrier()], "barrier")
+            timer.end_step()                                       # the step starts now
+            with timer.phase(COMPUTE):
+                exchange.compute(stage, images, labels, message)
+            exchange(message, opt, 0.01)
+            stage.set_params(opt.params)
+            record = timer.end_step()
+            if repeat >= 2:                                        # two warm-up rounds
+                steps[name].append(record["step"])
+                waits[name].append(record.get(AVERAGE, 0.0))
+    if world.rank == 0:
+        median = {name: float(np.median(values)) for name, values in steps.items()}
+        wait = {name: float(np.median(values)) for name, values in waits.items()}
+        Path(out).write_text(json.dumps({"ranks": world.size, "repeats": repeats, "step_s": median, "wait_s": wait,
+                                         "step_ratio": median["overlapped"] / median["plain"],
+                                         "oversubscribed": world.oversubscribed}))
+
+
+def model_split() -> dict:
+    from cnn.model import get_network
+    from cnn.parallel import partition
+    from cnn.stages import get_stage
+
+    net = get_network("lenet5")
+    costs = {batch: partition.measure_costs(net, get_stage("numpy"), batch) for batch in (32, 8, 4)}
+    runs = []
+    for cut in ("7", None):
+        for micro_batches in (1, 4, 8):
+            summary = run("model-parallel", 2, split=cut, micro_batches=micro_batches, limit_train=32 * 120)
+            compute = {rank: phases.get("compute", 0.0) * 1e3 for rank, phases in summary["breakdown_per_rank"].items()}
+            runs.append({"split": summary["split"], "asked": cut or "balanced", "micro_batches": micro_batches,
+                         "step_ms": summary["time_per_step_s"] * 1e3, "compute_ms": compute,
+                         "rank_costs_s": summary["rank_costs_s"], "accuracy": summary["final_test_accuracy"]})
+            print(f"model-parallel cut {summary['split']}, {micro_batches} micro-batches: {runs[-1]['step_ms']:.1f} ms "
+                  f"a step, compute {compute}", flush=True)
+    best = {batch: str(partition.balanced_partition(net, value)) for batch, value in costs.items()}
+    return {"layers": [type(layer).__name__ for layer in net.layers],
+            "costs_s": {batch: value.as_json() for batch, value in costs.items()}, "balanced": best, "runs": runs}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--overlap-job", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=40, help="overlap: steps of each kind per rank count")
+    args = parser.parse_args(argv)
+    if args.overlap_job:
+        overlap_job(args.overlap_job, args.repeats)
+        return 0
+    results = json.loads(OUT.read_text()) if OUT.exists() else {}
+    sections = {"staleness": staleness, "straggler": straggler, "overlap": lambda: overlap(args.repeats),
+                "model-split": model_split}
+    for name in args.only:
+        started = time.time()
+        results[name] = {"results": sections[name](), "machine": machine(), "seconds": time.time() - started}
+        OUT.write_text(json.dumps(results, indent=1))
+    from cnn.parallel.report import algorithm_tables
+
+    print(algorithm_tables(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
