@@ -10,6 +10,9 @@
 - ``median_ms(call)``: how long ``call()`` takes, the median of a few runs (``cnn.bench``'s clock).
 - ``recorded_results()`` / ``recorded_parallel()``: the benchmark and MPI-run results kept in
   ``benchmarks/results/`` (what GPU machines and cluster runs measured, for machines that cannot).
+- ``show_recorded_bench``, ``show_findings``, ``show_ablations``, ``show_kernel_profiles``, ``probe``,
+  ``recorded_copies``: what a real GPU measured, read from the committed files (``cnn.bench.recorded``)
+  and shown with the device, date and file they come from — so a laptop shows what an H100 did.
 - ``draw_*``: the diagrams of the notebooks (pictures only; no library logic lives here).
 """
 
@@ -87,14 +90,129 @@ def show(*objects) -> None:
 
 
 def recorded_results(on_gpu: bool | None = None) -> list[dict]:
-    """The newest benchmark result of each machine in benchmarks/results (``python -m cnn bench`` writes them).
+    """The benchmark results README shows (``python -m cnn bench`` writes them): per machine and workload
+    the newest run, and older runs that timed stages no newer one did.
 
     ``on_gpu``: True keeps results measured with a GPU, False those without, None all of them.
     """
-    from cnn.bench.results import load_results, newest_results
+    from cnn.bench.results import load_results, shown_results
 
-    results = [load_results(path) for path in newest_results(BENCH_RESULTS)]
+    results = [load_results(path) for path in shown_results(BENCH_RESULTS)]
     return [result for result in results if on_gpu is None or bool(result["machine"].get("gpu")) == on_gpu]
+
+
+# == what a real GPU measured (the committed files) ==============================================
+
+def _link(path) -> str:
+    """A Markdown link to a results file, from this folder (GitHub shows the notebook from here)."""
+    relative = Path(os.path.relpath(Path(path).resolve(), Path(__file__).resolve().parent)).as_posix()
+    return f"[`{Path(path).name}`]({relative})"
+
+
+def _source(path, result) -> str:
+    from cnn.bench.recorded import when
+
+    return f"{when(path, result)} — {_link(path)}"
+
+
+def show_recorded_bench(model: str = "lenet5", batch: int = 64, stages=(), plots_shown=("speedup", "breakdown"),
+                        needs: dict | None = None) -> None:
+    """The newest GPU benchmark of ``model`` at ``batch`` that timed every stage in ``stages`` (or has the
+    row keys in ``needs``): its table, named by device, date and file, and its plots."""
+    from IPython.display import Markdown, display
+    from cnn import plots
+    from cnn.bench.recorded import bench_with
+    from cnn.bench.tables import markdown_table
+
+    found = bench_with(model, batch, needs or {name: [] for name in stages}, BENCH_RESULTS)
+    if found is None:
+        print(f"no GPU benchmark of {model} at batch {batch} with {', '.join(stages or needs)} in "
+              f"benchmarks/results yet: run `python -m cnn bench` on a machine with a GPU")
+        return
+    path, result = found
+    display(Markdown(f"**Measured on a real GPU:** {_source(path, result)}\n\n{markdown_table(result)}"))
+    drawers = {"speedup": plots.speedup_plot, "breakdown": plots.breakdown_plot}
+    for kind in plots_shown:
+        display(drawers[kind](result, save_to=None))
+
+
+def show_findings(*names: str) -> None:
+    """The paragraphs of ``cnn.bench.findings`` (all, or those named: "first_port", "launch_bound", "graph",
+    "alexnet", "training"), every figure read from the committed files, with links to them."""
+    from IPython.display import Markdown, display
+    from cnn.bench import findings
+
+    chosen = [getattr(findings, f"finding_{name}") for name in names] if names else findings.FINDINGS
+    paragraphs = [text for text in (finding(BENCH_RESULTS, _link) for finding in chosen) if text]
+    display(Markdown("\n\n".join(paragraphs) if paragraphs else "No GPU measurements in benchmarks/results yet."))
+
+
+def show_ablations() -> None:
+    """Stage 7's newest ablation of each network: the table and the picture, named by device, date and file."""
+    from IPython.display import Markdown, display
+    from cnn import plots
+    from cnn.bench.recorded import ablations
+    from cnn.bench.tables import ablation_table
+
+    newest = {}
+    for path, result in ablations(BENCH_RESULTS):
+        newest[(result["model"], result["batch_size"])] = (path, result)      # files come oldest first
+    if not newest:
+        print("no ablation recorded yet: run `python -m cnn bench --ablation` on a GPU")
+    for (model, batch), (path, result) in sorted(newest.items(), key=lambda item: item[0][0] != "lenet5"):
+        display(Markdown(f"**{model}, batch {batch}** — {_source(path, result)}\n\n"
+                         + ablation_table([(f"{model} b{batch}", result)])))
+        display(plots.ablation_plot(result, save_to=None))
+
+
+def show_kernel_profiles(model: str | None = None) -> None:
+    """Every Nsight Compute profile recorded (of ``model`` only, if given): its per-kernel table."""
+    from IPython.display import Markdown, display
+    from cnn.bench.nsight import kernel_summary
+    from cnn.bench.recorded import ncu_profiles
+    from cnn.bench.tables import kernel_table
+
+    profiles = [p for p in ncu_profiles(BENCH_RESULTS) if model in (None, p["model"])]
+    if not profiles:
+        print("no Nsight Compute profile recorded yet: benchmarks/gpu_session.sh ncu, on a GPU")
+    for profile in profiles:
+        summary = kernel_summary(profile["path"])
+        display(Markdown(f"**{profile['stage']}, {profile['model']} b{profile['batch']}** — {profile['device']}, "
+                         f"{profile['date']}{', commit ' + profile['tag'] if profile['tag'] else ''} — "
+                         f"{_link(profile['path'])}: {summary['total_us'] / 1e3:.3g} ms of kernel time a step, "
+                         f"{100 * summary['shares']['conv backward']:.0f} % of it in the convolutions' backward "
+                         f"pass\n\n{kernel_table(summary)}"))
+
+
+def probe(name: str) -> float:
+    """One figure of the probes file (small programs run on the GPU machine; the file says how)."""
+    from cnn.bench.recorded import probe as recorded_probe
+
+    return recorded_probe(name, BENCH_RESULTS)
+
+
+def show_probes(*names: str) -> None:
+    """The probes file's figures (all, or those named): value, unit, what was measured, and how."""
+    from IPython.display import Markdown, display
+    from cnn.bench.recorded import probes
+    from cnn.bench.tables import markdown
+
+    found = probes(BENCH_RESULTS)
+    if found is None:
+        print("no probes file in benchmarks/results")
+        return
+    path, content = found
+    rows = [[f"{figure['value']:g} {figure['unit']}", figure["what"], figure["how"]]
+            for name, figure in content["figures"].items() if not names or name in names]
+    display(Markdown(f"**{content['device']}, {content['created']}, commit {content['commit']}** — {_link(path)}"
+                     f"\n\n" + markdown(["value", "what", "how it was measured"], rows)))
+
+
+def recorded_copies() -> tuple[Path, dict] | None:
+    """(path, result) of the newest host↔device copy measurement made on a GPU, or None."""
+    from cnn.bench.recorded import memory_result
+
+    return memory_result(BENCH_RESULTS)
 
 
 def recorded_parallel(*strategies) -> list[dict]:

@@ -10,6 +10,7 @@ outputs must come from a full run). On a machine without a GPU the CUDA notebook
 simulator on themselves and say so in their output; the distributed ones start ``mpiexec`` (as root,
 Open MPI wants ``OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1``).
 
+Streamed text is stored as a screen shows it (a progress bar's last state, not its every redraw).
 What is stored besides the outputs: ``metadata["course"]`` = {"fast_mode": false, "seconds": how long
 the notebook ran, "python": version, "gpu": whether an NVIDIA GPU ran the CUDA cells}; no per-cell timing. A notebook whose run
 fails is written with the error in place, and the script names it and exits 1. The assignment
@@ -54,6 +55,26 @@ def execute(path: Path) -> tuple[nbformat.NotebookNode, float, str | None]:
     return notebook, time.perf_counter() - started, error
 
 
+def tidy_outputs(notebook) -> None:
+    """Store streamed text as a screen shows it. A progress bar redraws its line hundreds of times, each
+    redraw a message of its own that begins as the unfinished line began ("epoch 1: …"): of those only
+    the last is kept, and the consecutive pieces of one stream are joined into one output."""
+    for cell in notebook.cells:
+        merged = []
+        for output in cell.get("outputs", []):
+            previous = merged[-1] if merged else None
+            if not (output.output_type == "stream" and previous is not None and previous.output_type == "stream"
+                    and previous.name == output.name):
+                merged.append(output)
+                continue
+            unfinished = previous.text[previous.text.rfind("\n") + 1:]
+            if unfinished and output.text.startswith(unfinished[:8]):       # a redraw of the unfinished line
+                previous.text = previous.text[:len(previous.text) - len(unfinished)]
+            previous.text += output.text
+        if "outputs" in cell:
+            cell.outputs = merged
+
+
 def gpu_present() -> bool:
     sys.path.insert(0, str(FOLDER.parent))
     from cnn.machine import nvidia_gpu_present
@@ -76,6 +97,7 @@ def main(argv=None) -> int:
     for path in paths:
         print(f"{path.name} ...", end=" ", flush=True)
         notebook, seconds, error = execute(path)
+        tidy_outputs(notebook)
         notebook.metadata["course"] = {"fast_mode": False, "seconds": round(seconds), "gpu": gpu_present(),
                                        "python": platform.python_version()}
         nbformat.write(notebook, path)

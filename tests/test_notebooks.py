@@ -7,8 +7,10 @@ CNN_FAST=1: tiny shapes, a few hundred training steps at most, short benchmarks.
 Numba's simulator when there is no GPU (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1, which the kernel
 inherits; the notebooks' first cell would set it too). One kernel start per notebook.
 
-Also checked without running anything: notebooks are committed with their outputs stripped, and each one
-ends with exercises.
+Also checked without running anything: each tutorial notebook is committed with the outputs of a full
+run (``python notebooks/execute.py``, ``make notebooks``): every code cell ran, in order, no error, its
+plots stored as pictures, the size kept in check; the assignment notebooks are committed blank; and each
+tutorial notebook ends with exercises.
 """
 
 import os
@@ -48,10 +50,37 @@ def test_the_course_notebooks_exist():
         assert expected in names
 
 
-def test_notebooks_are_committed_without_outputs():
+def test_assignment_notebooks_are_committed_without_outputs():
     dirty = [path.relative_to(REPOSITORY) for path in course_notebooks()
              if has_outputs(nbformat.read(path, as_version=4))]
     assert not dirty, f"run python notebooks/strip_outputs.py: {dirty} have outputs"
+
+
+#: the calls that draw: a notebook making one must store at least one picture
+DRAWS = re.compile(r"\b(plots\.\w+_(plot|curves|grid|maps)|learning_curves|digit_grid|filters_and_feature_maps|"
+                   r"draw_\w+|show_ablations)\(")
+LARGEST_NOTEBOOK = 3 * 2**20
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
+def test_tutorial_notebook_is_committed_with_the_outputs_of_a_full_run(path):
+    """What a reader on GitHub sees: every cell's outputs from a full run (python notebooks/execute.py)."""
+    notebook = nbformat.read(path, as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert notebook.metadata.get("course", {}).get("fast_mode") is False, \
+        f"{path.name}: not stored from a full run (python notebooks/execute.py {path.name[:2]})"
+    counts = [cell.execution_count for cell in code]
+    assert None not in counts and counts == sorted(counts), f"{path.name}: not every cell ran, in order"
+    outputs = [output for cell in code for output in cell.outputs]
+    errors = [output for output in outputs if output.output_type == "error"]
+    assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}"
+    tracebacks = [output.text for output in outputs if output.output_type == "stream" and "Traceback" in output.text]
+    assert not tracebacks, f"{path.name}: a traceback in the stored output: {tracebacks[0][-300:]}"
+    assert outputs, f"{path.name}: no output at all"
+    if any(DRAWS.search(cell.source) for cell in code):
+        pictures = [output for output in outputs if "image/png" in output.get("data", {})]
+        assert pictures, f"{path.name}: it draws, but no picture is stored"
+    assert path.stat().st_size < LARGEST_NOTEBOOK, f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
@@ -83,3 +112,16 @@ def test_notebook_runs_in_fast_mode(path, monkeypatch):
     if path == NOTEBOOKS[0]:     # once: the kernel runs in this environment (the venv), not some other Python
         printed = notebook.cells[-1].outputs[0].text.strip()
         assert os.path.realpath(printed) == os.path.realpath(sys.prefix)
+
+
+def test_stored_streams_keep_a_progress_bar_s_last_state_only():
+    from execute import tidy_outputs
+
+    cell = nbformat.v4.new_code_cell("train()")
+    pieces = [("stderr", "epoch 1:   0%| 0/9"), ("stderr", "epoch 1:  50%| 4/9"), ("stderr", "epoch 1: 100%| 9/9\n"),
+              ("stdout", "done, "), ("stdout", "99 %\n")]
+    cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text) for name, text in pieces]
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    tidy_outputs(notebook)
+    assert [(output.name, output.text) for output in cell.outputs] == [("stderr", "epoch 1: 100%| 9/9\n"),
+                                                                      ("stdout", "done, 99 %\n")]
