@@ -50,7 +50,7 @@ def plots_of(json_path: Path, draw_missing: bool = True) -> dict[str, Path]:
 def group_heading(result: dict) -> str:
     config = result["config"]
     network = NETWORK_NAMES.get(config["model"], config["model"])
-    return f"#### {table_title(result)} — {network}, batch {config['batch_size']}"
+    return f"#### {table_title(result).replace('**', '')} — {network}, batch {config['batch_size']}"
 
 
 def table_title(result: dict) -> str:
