@@ -12,9 +12,10 @@
 - ``overlap``: the allreduce after the backward pass against the one overlapped with it
   (``--overlap``), at 2, 3 and 4 ranks, the two alternating step by step *inside one MPI job* so
   that whatever else the machine does slows both alike; medians and their ratio.
-- ``model-split``: the per-layer cost probe, and model parallelism with the first version's cut
-  (after Flatten) against the balanced one, at 1, 4 and 8 micro-batches: each rank's compute and
-  the step time.
+- ``model-split``: the per-layer cost probe at three batch sizes, and model parallelism with the
+  first version's cut (after Flatten) against the cut the probe balances for a micro-batch of 8
+  images, each at 1, 4 and 8 micro-batches of a batch of 32 — all six alternating step by step
+  inside one 2-rank MPI job: the median step and each rank's median compute.
 
 Each section's results go into benchmarks/results/parallel_algorithms.json (the other sections are
 kept), with the machine, its cores and its load average: on a machine with fewer cores than ranks
@@ -88,19 +89,9 @@ def straggler() -> list[dict]:
 
 
 def overlap(repeats: int = 40) -> list[dict]:
-    from cnn.parallel.launch import environment, find_mpiexec, launcher_flags
-
     rows = []
     for ranks in (2, 3, 4):
-        with tempfile.TemporaryDirectory() as scratch:
-            out = Path(scratch) / "overlap.json"
-            mpiexec = find_mpiexec()
-            argv = [mpiexec, *launcher_flags(mpiexec, ranks, fault_tolerant=False), "-n", str(ranks), sys.executable,
-                    "-m", "mpi4py", __file__, "--overlap-job", str(out), "--repeats", str(repeats)]
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=environment())
-            if done.returncode:
-                raise RuntimeError(done.stderr[-2000:])
-            rows.append(json.loads(out.read_text()))
+        rows.append(mpi_job(ranks, "--overlap-job", repeats))
         print(f"overlap, {ranks} ranks: {rows[-1]}", flush=True)
     return rows
 
@@ -151,40 +142,104 @@ def overlap_job(out: str, repeats: int) -> None:
                                          "oversubscribed": world.oversubscribed}))
 
 
-def model_split() -> dict:
+def model_split(repeats: int = 30) -> dict:
     from cnn.model import get_network
     from cnn.parallel import partition
     from cnn.stages import get_stage
 
     net = get_network("lenet5")
     costs = {batch: partition.measure_costs(net, get_stage("numpy"), batch) for batch in (32, 8, 4)}
-    runs = []
-    for cut in ("7", None):
-        for micro_batches in (1, 4, 8):
-            summary = run("model-parallel", 2, split=cut, micro_batches=micro_batches, limit_train=32 * 120)
-            compute = {rank: phases.get("compute", 0.0) * 1e3 for rank, phases in summary["breakdown_per_rank"].items()}
-            runs.append({"split": summary["split"], "asked": cut or "balanced", "micro_batches": micro_batches,
-                         "step_ms": summary["time_per_step_s"] * 1e3, "compute_ms": compute,
-                         "rank_costs_s": summary["rank_costs_s"], "accuracy": summary["final_test_accuracy"]})
-            print(f"model-parallel cut {summary['split']}, {micro_batches} micro-batches: {runs[-1]['step_ms']:.1f} ms "
-                  f"a step, compute {compute}", flush=True)
+    balanced = str(partition.balanced_partition(net, costs[8]))       # one cut for every M: only M changes
+    configs = [(cut, micro_batches) for cut in ("7", balanced) for micro_batches in (1, 4, 8)]
+    runs = mpi_job(2, "--model-split-job", repeats, json.dumps(configs))["runs"]
+    for row in runs:
+        row["asked"] = "after Flatten" if row["split"] == "7" else "balanced"
+        print(f"model-parallel cut {row['split']}, {row['micro_batches']} micro-batches: {row['step_ms']:.1f} ms a step",
+              flush=True)
     best = {batch: str(partition.balanced_partition(net, value)) for batch, value in costs.items()}
-    return {"layers": [type(layer).__name__ for layer in net.layers],
+    return {"layers": [type(layer).__name__ for layer in net.layers], "repeats": repeats,
             "costs_s": {batch: value.as_json() for batch, value in costs.items()}, "balanced": best, "runs": runs}
+
+
+def mpi_job(ranks: int, job: str, repeats: int, extra: str = "") -> dict:
+    """Run this script's ``job`` under mpiexec on ``ranks`` ranks; rank 0's JSON result."""
+    from cnn.parallel.launch import environment, find_mpiexec, launcher_flags
+
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "result.json"
+        mpiexec = find_mpiexec()
+        argv = [mpiexec, *launcher_flags(mpiexec, ranks, fault_tolerant=False), "-n", str(ranks), sys.executable,
+                "-m", "mpi4py", __file__, job, str(out), "--repeats", str(repeats)] + (["--configs", extra] if extra else [])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=environment())
+        if done.returncode:
+            raise RuntimeError(done.stderr[-2000:])
+        return json.loads(out.read_text())
+
+
+def model_split_job(out: str, repeats: int, configs: list) -> None:
+    """Inside mpiexec (2 ranks): model-parallel steps of every (cut, micro-batches) in turn, each from a
+    common start (a barrier), ``repeats`` rounds; medians of the step and of each rank's compute."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from cnn.parallel import partition
+    from cnn.parallel.common import ParallelOptions, Run
+    from cnn.parallel.model_parallel import Flow, Side
+    from cnn.parallel.timing import COMPUTE
+    from cnn.parallel.world import World
+    from cnn.train import TrainConfig
+
+    world = World(MPI.COMM_WORLD, timeout=300)
+    config = TrainConfig(limit_train=32 * (repeats + 2), limit_test=10, batch_size=32, progress=False, init="xavier")
+    run = Run(config, ParallelOptions(strategy="model-parallel"), world, 1, {})
+    params = run.initial_params(run.make_stage())
+    setups = {}
+    for cut, micro_batches in configs:
+        if cut not in setups:
+            front, back = partition.pieces(run.net, partition.parse_split(cut, run.net))
+            side = Side(run, front if world.rank == 0 else back)
+            side.load(params, np.zeros_like(params))
+            setups[cut] = (side, Flow(run, partition.parse_split(cut, run.net), front, back))
+    steps, compute = {tuple(c): [] for c in configs}, {tuple(c): [] for c in configs}
+    for repeat in range(repeats + 2):
+        for cut, micro_batches in configs:
+            side, flow = setups[cut]
+            bounds = np.linspace(0, config.batch_size, micro_batches + 1).astype(np.int64)
+            world.wait([world.comm.Ibarrier()], "barrier")
+            run.timer.end_step()                                   # the step starts now
+            side.begin_batch()
+            (flow.front_step if world.rank == 0 else flow.back_step)(side, repeat, bounds)
+            side.update(0.01, config)
+            record = run.timer.end_step()
+            if repeat >= 2:                                        # two warm-up rounds
+                steps[cut, micro_batches].append(record["step"])
+                compute[cut, micro_batches].append(record.get(COMPUTE, 0.0))
+    medians = {key: float(np.median(values)) for key, values in compute.items()}
+    everyone = world.gather_objects({f"{cut}|{m}": value for (cut, m), value in medians.items()})
+    if world.rank == 0:
+        rows = [{"split": cut, "micro_batches": m, "step_ms": float(np.median(steps[cut, m])) * 1e3,
+                 "compute_ms": {str(rank): everyone[rank][f"{cut}|{m}"] * 1e3 for rank in (0, 1)}}
+                for cut, m in steps]
+        Path(out).write_text(json.dumps({"runs": rows}))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--overlap-job", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--repeats", type=int, default=40, help="overlap: steps of each kind per rank count")
+    parser.add_argument("--model-split-job", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--configs", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=None, help="steps of each kind (overlap: 40, model split: 30)")
     args = parser.parse_args(argv)
     if args.overlap_job:
         overlap_job(args.overlap_job, args.repeats)
         return 0
+    if args.model_split_job:
+        model_split_job(args.model_split_job, args.repeats, [tuple(c) for c in json.loads(args.configs)])
+        return 0
     results = json.loads(OUT.read_text()) if OUT.exists() else {}
-    sections = {"staleness": staleness, "straggler": straggler, "overlap": lambda: overlap(args.repeats),
-                "model-split": model_split}
+    sections = {"staleness": staleness, "straggler": straggler, "overlap": lambda: overlap(args.repeats or 40),
+                "model-split": lambda: model_split(args.repeats or 30)}
     for name in args.only:
         started = time.time()
         results[name] = {"results": sections[name](), "machine": machine(), "seconds": time.time() - started}

@@ -182,3 +182,25 @@ def test_the_probe_times_every_layer_and_splits_each_convolution_block():
     costs = measure_costs(get_network("lenet5"), get_stage("numpy"), batch=2, repeats=1)
     assert costs.layers.shape == (12,) and np.all(costs.layers > 0)
     assert sorted(costs.blocks) == [0, 3] and all(fixed >= 0 and per >= 0 for fixed, per in costs.blocks.values())
+
+
+def test_the_strategies_table_marks_the_machine_of_each_row():
+    """Rows from two machines: each row carries its machine's mark, one line per machine says which;
+    runs recorded before an option existed are labelled with what they ran."""
+    import json
+    from pathlib import Path
+
+    from cnn.parallel import report
+
+    recorded = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" /
+                           "parallel_strategies.json").read_text())
+    old = next(s for s in recorded if s["strategy"] == "easgd" and s["options"]["easgd_mode"] == "async"
+               and "steps_when_first_worker_finished" not in s)
+    other = json.loads(json.dumps(old))
+    other["machine"] = {**old["machine"], "host": "laptop", "cores": 2}
+    text = report.machine_lines([old, other])
+    assert text.startswith("[A] Measured on") and "\n\n[B] Measured on" in text and "2 cores" in text
+    table = report.strategy_table([old, other])
+    assert "[A] |" in table and "[B] |" in table
+    assert report.label(old).startswith("easgd (round-robin")          # recorded when "async" named it
+    assert report.label({"strategy": "sandblaster", "options": {}}) == "sandblaster (sgd)"

@@ -182,3 +182,23 @@ def test_model_parallel_split_by_channels_or_by_cost_equals_one_process(split, d
     expected = one_process_float64(data_dir, 8, 48)
     got = checkpoint_of(tmp_path / "run.npz")["params"]
     assert relative_error(got, expected) < 1e-12, relative_error(got, expected)
+
+
+def test_cuda_aware_mpi_is_detected_and_the_answer_says_how(tmp_path, monkeypatch):
+    from cnn.parallel import gpu_ranks
+
+    fake = tmp_path / "ompi_info"
+    for value in ("true", "false"):
+        fake.write_text(f"#!/bin/sh\necho 'mca:opal:base:param:opal_built_with_cuda_support:value:{value}'\n"
+                        f"echo 'mca:opal:base:param:opal_built_with_cuda_support:synonym:name:mpi_built_with_cuda_support'\n")
+        fake.chmod(0o755)
+        assert gpu_ranks.ompi_built_with_cuda(str(fake)) is (value == "true")
+    fake.write_text("#!/bin/sh\necho 'nothing about CUDA'\n")
+    assert gpu_ranks.ompi_built_with_cuda(str(fake)) is None
+    answer = gpu_ranks.query_cuda_support()                      # MPIX_Query_cuda_support of the loaded MPI
+    assert answer is None or isinstance(answer, bool)
+    monkeypatch.setenv(gpu_ranks.CUDA_AWARE_VARIABLE, "1")
+    assert gpu_ranks.cuda_aware_mpi() == (True, "CNN_MPI_CUDA_AWARE=1")
+    monkeypatch.delenv(gpu_ranks.CUDA_AWARE_VARIABLE)
+    aware, how = gpu_ranks.cuda_aware_mpi()
+    assert isinstance(aware, bool) and ("MPIX_Query_cuda_support" in how or "ompi_info" in how or "neither" in how)
