@@ -245,7 +245,7 @@ def divergence_message(config, loss, epoch, batch, lr, kept: str | None = None, 
     if kept is None:
         kept = ("no checkpoint was being written (--checkpoint PATH keeps one)" if not config.checkpoint
                 else f"the last good checkpoint is kept at {config.checkpoint}" if Path(config.checkpoint).exists()
-                else f"no checkpoint was written before it ({config.checkpoint} does not exist)")
+                else "no checkpoint was written before it")
     when = "at" if measured == "loss" else "after"
     return (f"training diverged: {measured} is {loss} {when} epoch {epoch + 1}, batch {batch + 1} (lr={lr:g}); "
             f"lower --lr or the initial weight scale (--init uniform or xavier); {kept}")

