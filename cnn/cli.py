@@ -95,7 +95,7 @@ def cmd_train(args) -> int:
     (divergence, a checkpoint that cannot be written) still saves its history and says where."""
     from cnn.checkpoint import check_writable, save_history
     from cnn.machine import machine_info
-    from cnn.train import CheckpointWriteFailed, TrainingDiverged, train
+    from cnn.train import CheckpointWriteFailed, TrainingDiverged, pace_line, train
 
     config = config_from_args(args)
     out = Path(args.out or f"results/train-{config.model}-{config.stage}.json")
@@ -111,8 +111,7 @@ def cmd_train(args) -> int:
     saved_to, where = save_history(history, out)
     epochs = len(history["epochs"])
     print(f"final test accuracy {history['final_test_accuracy']:.2%} after {epochs} epoch{'s' if epochs != 1 else ''}, "
-          f"{history['train_seconds'] / max(1, epochs):.1f} s of training per epoch"
-          + (f"; {where}" if saved_to == out else ""))
+          f"{pace_line(history)}" + (f"; {where}" if saved_to == out else ""))
     if saved_to != out:
         print(f"python -m cnn train: {where}", file=sys.stderr)
         return EXIT_FAILED

@@ -235,6 +235,23 @@ class Guard:
         return f"the last good checkpoint is kept at {self.config.checkpoint} (it resumes at {resume_point(*self.last)})"
 
 
+def epoch_seconds(history: dict) -> list[float]:
+    """Seconds of training in each epoch of ``history`` (from its cumulative ``train_seconds``)."""
+    totals = [epoch["train_seconds"] for epoch in history["epochs"]]
+    return [later - earlier for earlier, later in zip([0.0] + totals, totals)]
+
+
+def pace_line(history: dict) -> str:
+    """How long an epoch took: the first apart when it was slower (a JIT stage compiles its kernels there)."""
+    seconds = epoch_seconds(history)
+    if not seconds:
+        return "no epoch trained"
+    rest = float(np.median(seconds[1:])) if len(seconds) > 1 else None
+    if rest is None or seconds[0] < 1.5 * rest:
+        return f"{sum(seconds) / len(seconds):.2f} s of training per epoch"
+    return f"{rest:.2f} s of training per epoch after the first ({seconds[0]:.1f} s, compilation included)"
+
+
 def divergence_message(config, loss, epoch, batch, lr, kept: str | None = None, measured: str = "loss") -> str:
     """The one-line error when a number stops being finite (also used by the MPI trainers).
 

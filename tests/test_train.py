@@ -204,3 +204,16 @@ def test_float64_training_matches_float32_closely():
     h32 = train(quiet(epochs=1), data)
     h64 = train(quiet(epochs=1, dtype="float64"), data64)
     assert rel_error([s[1] for s in h32["steps"]], [s[1] for s in h64["steps"]]) < 1e-4
+
+
+def test_pace_line_sets_a_compiling_first_epoch_apart():
+    from cnn.train import epoch_seconds, pace_line
+
+    def history(totals):
+        return {"epochs": [{"train_seconds": total} for total in totals]}
+
+    assert epoch_seconds(history([15.5, 16.4, 17.4])) == pytest.approx([15.5, 0.9, 1.0])
+    assert pace_line(history([15.5, 16.4, 17.4])) == ("0.95 s of training per epoch after the first "
+                                                      "(15.5 s, compilation included)")
+    assert pace_line(history([5.0, 10.2])) == "5.10 s of training per epoch"
+    assert pace_line(history([3.0])) == "3.00 s of training per epoch"
