@@ -155,13 +155,16 @@ def cmd_stages(args) -> int:
     from cnn.stages import available_stages, get_stage, numba_cuda_problem
     from cnn.bench.measure import simulator_on
 
-    reasons = []
-    for number, (name, reason) in enumerate(available_stages(), start=1):
-        summary = get_stage(name).summary if reason is None else reason.split(": ", 1)[1]
-        print(f"{number}. {name:<11} {'ok ' if reason is None else 'n/a'}  {summary}")
-        reasons.append(reason or "")
     problem = None if simulator_on() else numba_cuda_problem()
-    if problem and not any(problem in reason for reason in reasons):
+    for number, (name, reason) in enumerate(available_stages(), start=1):
+        if reason is None:
+            summary = get_stage(name).summary
+        elif problem and problem in reason:
+            summary = "numba-cuda cannot compile kernels with the installed numpy (the last line says why)"
+        else:
+            summary = reason.split(": ", 1)[1]
+        print(f"{number}. {name:<11} {'ok ' if reason is None else 'n/a'}  {summary}")
+    if problem:
         print(f"numba-cuda and numpy: {problem}")
     return 0
 

@@ -133,3 +133,13 @@ def test_every_extra_with_numba_cuda_pins_the_numpy_it_works_with():
     assert set(with_numba_cuda) >= {"cuda", "dev"}
     for name in with_numba_cuda:
         assert NUMPY_FOR_NUMBA_CUDA in extras[name], f"extra {name!r} lacks {NUMPY_FOR_NUMBA_CUDA!r}"
+
+
+def test_on_a_gpu_a_broken_numba_cuda_numpy_pair_is_said_once():
+    """With a GPU (stubbed here) and a numpy numba-cuda cannot compile with, the CUDA stages point to one line."""
+    result = stages_without_gpu("import numpy", "del numpy.row_stack", "import kernels.device",
+                                "kernels.device.gpu_unavailable_reason = lambda: None")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert sum("row_stack" in line for line in lines) == 1 and "row_stack" in lines[-1]
+    assert sum("the last line says why" in line for line in lines) == 4
