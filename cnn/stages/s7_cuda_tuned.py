@@ -17,12 +17,12 @@ at any batch size and layer width; bytes are per sample:
     per training step                          LeNet-5               AlexNet-small
                                         cuda-ring  cuda-tuned   cuda-ring  cuda-tuned
     kernel launches                            26          21          30          26
-    array arguments of those launches          81          87          96         105
+    array arguments of those launches          81          95          96         118
     host→device copies                          2        0.25           2        0.25
       bytes per sample                       3140           1       12292           1
     device→host copies (besides the ring)       1         0.5           1         0.5
     device allocations after warm-up            0           0           0           0
-    modelled host launch cost (µs)          455.1       443.1       534.0       539.1
+    modelled host launch cost (µs)          455.1       471.1       534.0       584.6
 
 (Counted in the simulator with ``--reduced``, on the narrow copies of the two networks that the
 tests use — same layers, so the same launches and arguments; the bytes are the full-size images'

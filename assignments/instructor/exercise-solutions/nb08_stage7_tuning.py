@@ -51,7 +51,8 @@ def exercise_1(fast: bool) -> None:
     Stage 6 (`cuda-ring`) queues 26 kernels a LeNet-5 step with 81 array arguments: 26·6.6 + 81·3.5 ≈ 455 µs
     of host time against ~50 µs of GPU arithmetic, so about 90 % of a step is launch overhead — the GPU
     waits for the host. Stage 7 (`cuda-tuned`) launches fewer kernels (21) but with more array arguments
-    (87: its tiled convolutions take more arrays), so the model gives ≈ 443 µs: still about 90 %. Counted
+    (95: its tiled convolutions take more arrays, decode tables among them), so the model gives ≈ 471 µs:
+    still about 90 %. Counted
     launch by launch the fixes hardly move the host cost; what they remove is copies and waits (the batch
     copy of every step, the loss round trip), and on a GPU the `cuda-graph` fix turns all of a step's
     launches into one graph launch — the only way below this wall. (The model is optimistic: an H100
