@@ -52,12 +52,17 @@ def save_checkpoint(path: str | Path, params: np.ndarray, momentum: np.ndarray, 
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """The checkpoint's contents; a missing or damaged file is one ValueError line naming it."""
+    """The checkpoint's contents; a missing or damaged file is one ValueError line naming it.
+
+    ``images_into_epoch`` is None unless a distributed run (``cnn.parallel``) wrote the file: its
+    ``batch`` counts that run's global batches, so the position in images is what carries over."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
+            parallel = json.loads(str(archive["parallel"])) if "parallel" in archive.files else {}
             return {"params": archive["params"], "momentum": archive["momentum"],
                     "epoch": int(archive["epoch"]), "batch": int(archive["batch"]),
+                    "images_into_epoch": parallel.get("images_into_epoch"),
                     "rng_state": json.loads(str(archive["rng_state"])),
                     "config": json.loads(str(archive["config"])),
                     "history": json.loads(str(archive["history"]))}

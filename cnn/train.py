@@ -358,12 +358,24 @@ def _resume(config: TrainConfig, net, stage, rng) -> tuple[dict, int, int] | Non
     stage.set_params(saved["params"])
     stage.set_momentum(saved["momentum"])
     rng.bit_generator.state = saved["rng_state"]
-    epoch, batch = saved["epoch"], saved["batch"]
+    epoch, batch = saved["epoch"], batch_to_resume_at(saved, config.batch_size, path)
     if epoch >= config.epochs:
         print(f"{path} has finished all {epoch} epochs: nothing left to train (raise --epochs to go on)", flush=True)
     else:
         print(f"resuming from {resume_point(epoch, batch)} ({path})", flush=True)
     return saved["history"], epoch, batch
+
+
+def batch_to_resume_at(saved: dict, batch_size: int, path) -> int:
+    """The batch of ``batch_size`` images at which to go on. A distributed run's checkpoint counts its
+    own global batches, so its position is converted from images (ValueError if it falls mid-batch)."""
+    images = saved["images_into_epoch"]
+    if images is None:
+        return saved["batch"]
+    if images % batch_size:
+        raise ValueError(f"{path}: written {images} images into an epoch, not a whole number of "
+                         f"--batch-size {batch_size} batches; resume it with a batch size that divides {images}")
+    return images // batch_size
 
 
 def next_sync(config: TrainConfig, stage, step: int, epoch_end: int) -> int:

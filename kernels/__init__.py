@@ -27,6 +27,16 @@ Stages 6 and 7 add:
     conv_pool_smem  the fused conv-pool kernels with the block's filter in shared memory
     launch_config   block sizes and tiles chosen from each layer's shape
 
+Stage 7's tiled products and device-resident epoch (issue 14):
+
+    implicit_gemm   one tiled, register-blocked matrix-product kernel; loaders and epilogues plug in
+    conv_gemm       convolution as an implicit GEMM: forward with bias/ReLU/pool, split-K dW, dX
+    dense_gemm      the dense layers on the same tiled product
+    device_epoch    a whole epoch on the device: gather by a step counter, scheduled SGD, loss log
+    step_graph      one training step captured as a CUDA graph and replayed (eager in the simulator)
+
+Stage 3's CPU loops, compiled with ``numba.njit``, live apart in ``kernels/cpu/`` (its own docstring).
+
 Each module pairs its ``@cuda.jit`` kernels with plain functions that pick the launch
 configuration and launch them on device arrays; ``cnn/stages/s4_cuda.py`` … ``s7_cuda_tuned.py``
 chain those into a network.

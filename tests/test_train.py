@@ -217,3 +217,15 @@ def test_pace_line_sets_a_compiling_first_epoch_apart():
                                                       "(15.5 s, compilation included)")
     assert pace_line(history([5.0, 10.2])) == "5.10 s of training per epoch"
     assert pace_line(history([3.0])) == "3.00 s of training per epoch"
+
+
+def test_a_distributed_checkpoint_resumes_at_the_same_image_whatever_the_batch_size(tmp_path):
+    """cnn.parallel counts global batches; cnn.train goes on from the same image, or says why it cannot."""
+    from cnn.train import batch_to_resume_at
+
+    written_by_four_ranks = {"batch": 5, "images_into_epoch": 5 * 4 * 32}
+    assert batch_to_resume_at(written_by_four_ranks, 32, tmp_path) == 20
+    assert batch_to_resume_at(written_by_four_ranks, 64, tmp_path) == 10
+    with pytest.raises(ValueError, match="not a whole number of --batch-size 48 batches"):
+        batch_to_resume_at(written_by_four_ranks, 48, tmp_path)
+    assert batch_to_resume_at({"batch": 7, "images_into_epoch": None}, 48, tmp_path) == 7

@@ -1,7 +1,7 @@
 """Checkpoints of a distributed run: ``cnn.train``'s file, plus where the run stands in images and
 what each strategy needs to continue exactly.
 
-One ``.npz`` file, written atomically (a temporary name, then a rename), holding::
+One ``.npz`` file, written atomically (``cnn.atomic``: a temporary of its own, then a rename), holding::
 
     params, momentum              the model: the weights and momentum of the server, of the center
                                   (EASGD), of the shared window (Hogwild) or of every rank (allreduce)
@@ -22,11 +22,12 @@ resuming on another number of ranks starts at the same image (``position_step``)
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from cnn.atomic import replaced_on_success
 
 ROWS_PREFIX = "rows_"
 
@@ -62,19 +63,14 @@ def save(path: str | Path, params: np.ndarray, momentum: np.ndarray, config, pos
          rows: dict[str, np.ndarray] | None = None, lacks: str = "") -> None:
     """Write the checkpoint atomically; ``layout`` = {"strategy", "ranks", "workers"}."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     parallel = {**layout, "global_batch": position.global_batch, "images_into_epoch": position.images,
                 "state": state or {}, "lacks": lacks}
     arrays = {ROWS_PREFIX + name: value for name, value in (rows or {}).items()}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    with replaced_on_success(path) as temporary, open(temporary, "wb") as handle:
         np.savez(handle, params=params, momentum=momentum, epoch=position.epoch,
                  batch=position.images // position.global_batch, rng_state=json.dumps(rng_state),
                  config=json.dumps(asdict(config)), history=json.dumps(history),
                  parallel=json.dumps(parallel, default=jsonable), **arrays)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def load(path: str | Path) -> Saved:
