@@ -16,7 +16,7 @@ pass is one product of ``kernels/implicit_gemm.py`` with its own loaders (nothin
     dW, db    G[f, t] = Σ_pos dZ[f, pos] · X[t, pos]       F × (T + 1), over N·Hc·Wc
               B has one more column of ones: G[f, T] = Σ_pos dZ[f, pos] = db[f]. The sum over
               positions is long and the output small, so it is split over ``splits`` blocks along
-              k (split-K); ``sum_splits_kernel`` adds the partial tiles up, one block an output,
+              k (split-K); ``sum_splits_kernel`` adds the partial tiles up, one thread an output,
               in a fixed order.
     dX        dX[c, (n,h,w)] = Σ_(f,p,q) W[f, c, p, q] · dz[n, f, (h + pad − p)/s, (w + pad − q)/s]
               C × (N·H·W), over F·K·K; terms whose division by s is not exact, or that fall
@@ -38,7 +38,6 @@ from kernels.device import cuda
 from kernels.implicit_gemm import Tiles, gemm, matrix_rows, row_index, split_k, store_partial
 from kernels.launch import covering_windows, grid_1d, launch, unravel4
 from kernels.launch_config import multiprocessors
-from kernels.reduction import block_sum
 
 WEIGHT_GRAD_TN = 4           # TN of the dW and dX products (the forward's is the pooling window, S·S)
 
@@ -232,26 +231,21 @@ def tap_load(src, col, k):
 WEIGHT_GRADS = (row_index, conv_grad_load, tap_setup, tap_load, store_partial)
 
 
-SUM_THREADS = 32             # one block of sum_splits_kernel per output: its threads share the splits
-
-
 @cuda.jit
 def sum_splits_kernel(partial, dw, db):
-    """Block o owns output o = (f, t): thread s adds partial[s], partial[s + 32], …, then the block adds
-    the 32 sums in a tree (``kernels/reduction.py``); dw[f, t] (t < T) or db[f] (t = T) is the total."""
-    sums = cuda.shared.array(SUM_THREADS, float32)
-    columns, s = partial.shape[2], cuda.threadIdx.x
-    f, t = cuda.blockIdx.x // columns, cuda.blockIdx.x % columns
-    own = float32(0.0)
-    for z in range(s, partial.shape[0], SUM_THREADS):
-        own += partial[z, f, t]
-    sums[s] = own
-    block_sum(sums, s)
-    if s == 0:
+    """Thread o owns output o = (f, t) and adds partial[0, f, t], partial[1, f, t], … in that fixed order;
+    dw[f, t] (t < T) or db[f] (t = T) is the total. Neighbouring threads read neighbouring t: coalesced."""
+    o = cuda.grid(1)
+    columns = partial.shape[2]
+    if o < partial.shape[1] * columns:
+        f, t = o // columns, o % columns
+        total = float32(0.0)
+        for z in range(partial.shape[0]):
+            total += partial[z, f, t]
         if t < columns - 1:
-            dw[f, t] = sums[0]
+            dw[f, t] = total
         else:
-            db[f] = sums[0]
+            db[f] = total
 
 
 # -- dX: the filters (transposed) times dz read through the windows ----------------------------------
@@ -351,7 +345,7 @@ def conv_relu_pool_backward_tiled(dy, y, switches, x, w, dx, dw, db, dz, partial
         raise ValueError(f"conv backward: partial sums need shape {partial_shape(g)}, got {partial.shape}")
     gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (dz, tables.positions, g), (x, tables.positions, g), (partial,),
          g.filters, g.taps + 1, g.positions, partial.shape[0], launch=launch)
-    launch(sum_splits_kernel, g.filters * (g.taps + 1), SUM_THREADS, partial, dw.reshape((g.filters, g.taps)), db)
+    launch(sum_splits_kernel, *grid_1d(g.filters * (g.taps + 1)), partial, dw.reshape((g.filters, g.taps)), db)
     if with_dx:
         gemm(DATA_GRADS, data_grad_tiles(g), (w, tables.filter_taps, g), (dz, tables.filter_taps, g),
              (dx.reshape((g.batch, g.channels, g.height * g.width)), g),
