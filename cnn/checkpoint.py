@@ -54,15 +54,15 @@ def save_checkpoint(path: str | Path, params: np.ndarray, momentum: np.ndarray, 
 def load_checkpoint(path: str | Path) -> dict:
     """The checkpoint's contents; a missing or damaged file is one ValueError line naming it.
 
-    ``images_into_epoch`` is None unless a distributed run (``cnn.parallel``) wrote the file: its
-    ``batch`` counts that run's global batches, so the position in images is what carries over."""
+    ``parallel`` is None unless a distributed run (``cnn.parallel.checkpoint``) wrote the file: then
+    its ``batch`` counts that run's global batches, and ``parallel["images_into_epoch"]`` is the
+    position that carries over to another batch size."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
-            parallel = json.loads(str(archive["parallel"])) if "parallel" in archive.files else {}
             return {"params": archive["params"], "momentum": archive["momentum"],
                     "epoch": int(archive["epoch"]), "batch": int(archive["batch"]),
-                    "images_into_epoch": parallel.get("images_into_epoch"),
+                    "parallel": json.loads(str(archive["parallel"])) if "parallel" in archive.files else None,
                     "rng_state": json.loads(str(archive["rng_state"])),
                     "config": json.loads(str(archive["config"])),
                     "history": json.loads(str(archive["history"]))}

@@ -369,9 +369,9 @@ def _resume(config: TrainConfig, net, stage, rng) -> tuple[dict, int, int] | Non
 def batch_to_resume_at(saved: dict, batch_size: int, path) -> int:
     """The batch of ``batch_size`` images at which to go on. A distributed run's checkpoint counts its
     own global batches, so its position is converted from images (ValueError if it falls mid-batch)."""
-    images = saved["images_into_epoch"]
-    if images is None:
+    if saved["parallel"] is None:
         return saved["batch"]
+    images = saved["parallel"]["images_into_epoch"]
     if images % batch_size:
         raise ValueError(f"{path}: written {images} images into an epoch, not a whole number of "
                          f"--batch-size {batch_size} batches; resume it with a batch size that divides {images}")

@@ -217,9 +217,9 @@ def test_a_distributed_checkpoint_resumes_at_the_same_image_whatever_the_batch_s
     """cnn.parallel counts global batches; cnn.train goes on from the same image, or says why it cannot."""
     from cnn.train import batch_to_resume_at
 
-    written_by_four_ranks = {"batch": 5, "images_into_epoch": 5 * 4 * 32}
+    written_by_four_ranks = {"batch": 5, "parallel": {"images_into_epoch": 5 * 4 * 32}}
     assert batch_to_resume_at(written_by_four_ranks, 32, tmp_path) == 20
     assert batch_to_resume_at(written_by_four_ranks, 64, tmp_path) == 10
     with pytest.raises(ValueError, match="not a whole number of --batch-size 48 batches"):
         batch_to_resume_at(written_by_four_ranks, 48, tmp_path)
-    assert batch_to_resume_at({"batch": 7, "images_into_epoch": None}, 48, tmp_path) == 7
+    assert batch_to_resume_at({"batch": 7, "parallel": None}, 48, tmp_path) == 7

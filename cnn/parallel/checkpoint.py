@@ -79,9 +79,9 @@ def load(path: str | Path) -> Saved:
     from cnn.train import load_checkpoint
 
     saved = load_checkpoint(path)
+    parallel = saved["parallel"]
     try:
         with np.load(path, allow_pickle=False) as archive:
-            parallel = json.loads(str(archive["parallel"])) if "parallel" in archive.files else None
             rows = {name[len(ROWS_PREFIX):]: archive[name] for name in archive.files if name.startswith(ROWS_PREFIX)}
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: not a valid checkpoint ({err})") from None
