@@ -171,12 +171,8 @@ def train(run: Run) -> dict:
                          "layer-by-layer overlap run on host stages")
     stage = run.make_stage()
     params = run.initial_params(stage)
-    momentum, start = np.zeros_like(params), 0
-    resumed = resume.load(run)
-    if resumed:
-        resume.broadcast(run, resumed, "params", params)
-        resume.broadcast(run, resumed, "momentum", momentum)
-        start = resumed.step
+    momentum = np.zeros_like(params)
+    start = resume.weights_and_momentum(run, params, momentum)
     stage.set_params(params)
     stage.set_momentum(momentum)
     run.state = stage                                     # a checkpoint copies the weights off the device

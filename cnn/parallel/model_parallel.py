@@ -158,12 +158,8 @@ def train(run: Run) -> dict:
                  f"rank 1: {' + '.join(p.net.name for p in back)}; {options.micro_batches} micro-batch(es)")
     whole = run.make_stage()
     params = run.initial_params(whole)
-    momentum, start = np.zeros_like(params), 0
-    resumed = resume.load(run)
-    if resumed:
-        resume.broadcast(run, resumed, "params", params)
-        resume.broadcast(run, resumed, "momentum", momentum)
-        start = resumed.step
+    momentum = np.zeros_like(params)
+    start = resume.weights_and_momentum(run, params, momentum)
     side.load(params, momentum)
     run.rescue_note = "each rank holds part of the network"
     bounds = np.linspace(0, config.batch_size, options.micro_batches + 1).astype(np.int64)

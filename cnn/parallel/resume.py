@@ -8,6 +8,9 @@ rank its part of the saved state.
         resume.scatter(run, resumed, "momentum", velocity, ranks)   # row w of a per-worker array, to ranks[w]
         start = resumed.step
 
+``weights_and_momentum(run, params, momentum)`` is those lines for the strategies whose whole state
+is the weights and the momentum (the synchronous ones, GPU ranks, model parallelism).
+
 The position is saved in images, so a synchronous run resumes on another number of ranks at the
 same image, with the learning rate of its own layout (a line says both). The strategies that save
 each worker's own state resume on the same layout only, and refuse another in one line.
@@ -98,6 +101,17 @@ def broadcast(run, resumed: Resumed, name: str, out: np.ndarray) -> np.ndarray:
     if run.world.rank == 0:
         out[...] = getattr(resumed.saved, name)
     return run.world.broadcast(out, f"resumed {name}")
+
+def weights_and_momentum(run, params: np.ndarray, momentum: np.ndarray) -> int:
+    """The step to start at: 0 on a fresh start; else that of the checkpoint, whose weights and momentum
+    are copied into ``params`` and ``momentum`` on every rank (the strategies whose state is just those)."""
+    resumed = load(run)
+    if not resumed:
+        return 0
+    broadcast(run, resumed, "params", params)
+    broadcast(run, resumed, "momentum", momentum)
+    return resumed.step
+
 
 def scatter(run, resumed: Resumed, name: str, out: np.ndarray | None, ranks: list[int]) -> None:
     """Row w of the saved per-worker array ``name`` into ``out`` on rank ``ranks[w]``."""

@@ -51,11 +51,7 @@ def train_synchronous(run: Run, exchange: Exchange) -> dict:
     stage = run.make_stage()
     opt = server_optimizer(run.initial_params(stage), config)
     run.state, run.state_lacks = opt, exchange.rescue_lacks(world.rank)
-    resumed, start = resume.load(run), 0
-    if resumed:
-        resume.broadcast(run, resumed, "params", opt.params)
-        resume.broadcast(run, resumed, "momentum", opt.velocity)        # SGD: the synchronous rule
-        start = resumed.step
+    start = resume.weights_and_momentum(run, opt.params, opt.velocity)     # SGD: the synchronous rule
     stage.set_params(opt.params)
     size = run.net.num_params
     message = np.empty(size + 1, run.dtype)
