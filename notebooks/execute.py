@@ -1,6 +1,6 @@
 """Run the tutorial notebooks top to bottom — a full run, not the fast mode — and store their outputs in them.
 
-    python notebooks/execute.py            # every tutorial notebook, 00 to 13 (make notebooks)
+    python notebooks/execute.py            # every tutorial notebook, 00 to 14 (make notebooks)
     python notebooks/execute.py 04 08      # only the notebooks whose names start so
 
 The committed tutorial notebooks carry the outputs of such a run, so that a reader on GitHub sees the

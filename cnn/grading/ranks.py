@@ -14,7 +14,7 @@ then waiting for another, the deadlock is detected at once and reported with wha
 for. ``Sendrecv`` posts its send and its receive together and is the safe way to pass a ring along.
 
 ``Traffic`` counts, per directed link (source → destination), the messages and the numbers they
-carried: what the α-β cost model of notebook 10 charges for. A ring allreduce sends
+carried: what the α-β cost model of notebook 11 charges for. A ring allreduce sends
 2·(P−1)/P·N numbers per rank; a gather to rank 0 and a broadcast back sends (P−1)·N through rank
 0's link; the count tells them apart exactly, where a clock on one machine would not.
 """

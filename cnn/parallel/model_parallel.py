@@ -60,7 +60,7 @@ def layout(size: int, options) -> tuple[int, dict[int, str]]:
 def split_network(net: Network, split: int | None) -> tuple[Network, Network]:
     """The first version's cut, where the activation is a vector: layers [0, split) and [split, L)
     (default: right after Flatten). The strategy now cuts anywhere (``partition.pieces``); this
-    stays for notebook 12, which compares the two."""
+    stays for notebook 13, which compares the two."""
     shapes = net.activation_shapes()
     if split is None:
         split = next(i + 1 for i, layer in enumerate(net.layers) if isinstance(layer, Flatten))

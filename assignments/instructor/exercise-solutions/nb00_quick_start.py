@@ -99,7 +99,7 @@ def exercise_3(fast: bool) -> None:
     pass of a convolution is two convolution-sized products (the filter gradient and the input
     gradient) against the forward pass's one, so it costs about twice as much; the update (one pass
     over 44 426 parameters) and the copies (none on a CPU) are small. On a GPU (the recorded results of
-    notebook 09) the picture changes: forward and backward shrink by orders of magnitude, and the
+    notebook 10) the picture changes: forward and backward shrink by orders of magnitude, and the
     host→device copy of the batch and the host time of launching dozens of kernels become a visible
     share of the step — what stages 6 and 7 then attack. `plots.breakdown_plot(result, save_to=None)`
     draws the same numbers as stacked bars.

@@ -108,7 +108,7 @@ def exercise_3(fast: bool) -> None:
     mean, Σ_s (n_s/Σn) g_s: exactly the mean gradient of the 4·batch images as one batch (checked below on
     stage cuda-ring with 4 slots against stage numpy on the concatenated batch). So accumulation is
     training with batch 4·batch — one update where there were four — and the learning rate to use is the
-    one for batch 4·batch: by the linear scaling rule of notebook 13, 4× the rate that suits batch
+    one for batch 4·batch: by the linear scaling rule of notebook 14, 4× the rate that suits batch
     `batch`, reached with a warmup (`TrainConfig(schedule="warmup", lr_scale=4)`). Keeping the small-batch
     rate makes four times fewer steps of the same size: it trains slower per image. (The rule's limits
     apply too: for large K the step k·η assumes the gradient barely changes over the k steps it replaces.)

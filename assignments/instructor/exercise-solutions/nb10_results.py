@@ -1,4 +1,4 @@
-"""Notebook 09, results: worked solutions of its three exercises."""
+"""Notebook 10, results: worked solutions of its three exercises."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notebook 11, asynchronous SGD: worked solutions of its three exercises (MPI runs in the first and third)."""
+"""Notebook 12, asynchronous SGD: worked solutions of its three exercises (MPI runs in the first and third)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notebook 13, large batches: worked solutions of its three exercises."""
+"""Notebook 14, large batches: worked solutions of its three exercises."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notebook 10, synchronous data parallelism: worked solutions of its three exercises (MPI runs in the second)."""
+"""Notebook 11, synchronous data parallelism: worked solutions of its three exercises (MPI runs in the second)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notebook 12, model parallelism: worked solutions of its three exercises (MPI runs in the second)."""
+"""Notebook 13, model parallelism: worked solutions of its three exercises (MPI runs in the second)."""
 
 from __future__ import annotations
 
