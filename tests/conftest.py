@@ -5,7 +5,13 @@
   A value the user set is kept, and on a machine with an NVIDIA GPU it is left unset, so the
   kernels run on the GPU (force that with NUMBA_ENABLE_CUDASIM=0 pytest ...).
 - Tests marked ``gpu`` (full-size checks) are skipped, with the reason, unless a real GPU runs them.
+- ``real_mnist``: the directory holding the real MNIST, from ``$CNN_DATA_DIR``, else ``data/`` of this
+  checkout (where ``make demo`` fetches it), else ``../shared/data`` beside the checkout (where CI keeps a
+  copy); the test is skipped, saying where it looked, when none holds it. Never downloads.
 """
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +37,24 @@ def pytest_collection_modifyitems(config, items):
     if reason:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def real_mnist_places() -> list[Path]:
+    """Where the tests look for the real MNIST, in order."""
+    places = [Path(os.environ["CNN_DATA_DIR"])] if os.environ.get("CNN_DATA_DIR") else []
+    return places + [CHECKOUT / "data", CHECKOUT.parent / "shared" / "data"]
+
+
+@pytest.fixture(scope="session")
+def real_mnist() -> Path:
+    """The directory holding MNIST's four .gz files (whether they are MNIST is for the test to check); skips without one."""
+    from cnn.data import MNIST_FILES
+
+    for base in real_mnist_places():
+        for directory in (base, base / "mnist"):
+            if all((directory / f"{name}.gz").is_file() for name in MNIST_FILES):
+                return directory
+    pytest.skip(f"real MNIST not on disk: looked in {', '.join(map(str, real_mnist_places()))}")

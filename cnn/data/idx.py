@@ -1,4 +1,10 @@
-"""The IDX file format MNIST is distributed in: ``read_idx`` and ``write_idx`` (the header is in ``read_idx``'s docstring)."""
+"""The IDX file format MNIST is distributed in: ``read_idx`` and ``write_idx`` (the header is in ``read_idx``'s docstring).
+
+Written by hand on purpose: the format is a 4-byte magic number, the sizes and the raw values — forty
+lines a student can read next to the format's definition, with a one-line error for every way a file can
+be wrong. A library (``idx2numpy``, ``python-mnist``) would hide the part worth learning and add a
+dependency for it.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Where datasets are looked for when no directory is given: ``$CNN_DATA_DIR``, then the repository's ``data/``."""
+"""Where datasets are looked for when no directory is given: ``$CNN_DATA_DIR``, then the repository's ``data/``.
+
+The repository's ``data/`` is the folder ``data/`` at the top of the checkout, beside ``cnn/``,
+``notebooks/`` and ``pyproject.toml`` (git-ignored: ``python -m cnn data --download`` and ``make demo``
+fetch MNIST into ``data/mnist/`` there). This file is ``cnn/data/locations.py``, so the checkout is
+three levels up from it.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,20 @@ from pathlib import Path
 from cnn.data.dataset import DataError, PathLike
 
 
-#: The repository root (the parent of the `cnn` package). MNIST is looked for
-#: in, and downloaded into, its `data/mnist/`. Tests point this elsewhere.
-REPO_ROOT = Path(__file__).resolve().parent.parent
+def _repository_root() -> Path:
+    """The checkout holding this package (``<root>/cnn/data/locations.py``); the current directory when
+    the package was installed without its checkout (a wheel in site-packages has no pyproject.toml beside it)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() else Path.cwd()
+
+
+#: The repository root. MNIST is looked for in, and downloaded into, its ``data/mnist/``. Tests point this elsewhere.
+REPO_ROOT = _repository_root()
+
+
+def repository_data_dir() -> Path:
+    """``<repository>/data``: where datasets are fetched to when no directory is given."""
+    return REPO_ROOT / "data"
 
 
 def default_data_dirs() -> list[tuple[Path, str]]:
@@ -19,12 +36,12 @@ def default_data_dirs() -> list[tuple[Path, str]]:
     places = []
     if env_dir := os.environ.get("CNN_DATA_DIR"):
         places.append((Path(env_dir), "$CNN_DATA_DIR"))
-    places.append((REPO_ROOT / "data", "the repository's data/"))
+    places.append((repository_data_dir(), "the repository's data/"))
     return places
 
 
 def find_dataset_dir(data_dir: PathLike | None, subdir: str,
-                      holds: Callable[[Path], bool]) -> tuple[Path, str] | None:
+                     holds: Callable[[Path], bool]) -> tuple[Path, str] | None:
     """The first place holding a dataset, and how it was found; None if none does.
 
     Each place is `data_dir` if given, else the defaults; a place holds the

