@@ -6,6 +6,7 @@ saves nothing) and returns the Figure, so a notebook can show it as it is.
 
 Benchmark plots take the results dict of ``cnn.bench`` (or the path of its JSON file):
 
+- ``headline_plot``   the course in one picture: every stage's step time on every machine, PyTorch beside
 - ``speedup_plot``    speedup of every stage over the first one, log scale, annotated with the factor
 - ``breakdown_plot``  where a training step's time goes (host→device, forward, backward, update,
                       device→host) and the step time itself
@@ -73,31 +74,68 @@ def _row_label(row: dict) -> str:
     return f"{row['number']}. {row['name']}" if row.get("number") else f"{row['name']}\n(reference)"
 
 
+#: a machine whose 1-minute load average, as a measurement began, was above this many a core was busy
+#: with other work: its times are inflated (the pictures say so, and ``cnn.bench.recorded`` publishes none)
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def busy_note(machine: dict) -> str | None:
+    """'busy: load 23.0 on 2 cores, times inflated' when the recorded load says the machine was busy, else None."""
+    load, cores = machine.get("load_average"), machine.get("cores")
+    if load and cores and load[0] > BUSY_LOAD_PER_CORE * cores:
+        return f"busy: 1-minute load {load[0]:.1f} on {cores} cores, times inflated"
+    return None
+
+
 def _subtitle(result: dict) -> str:
     machine, config = result["machine"], result["config"]
     gpu = machine.get("gpu")
+    busy = busy_note(machine)
     return (f"{config['model']}, batch {config['batch_size']}, {config['dtype']}, {result['created'][:10]}\n"
-            f"{machine['cpu']} ({machine['cores']} cores){', ' + gpu['name'] if gpu else ', no GPU'}")
+            f"{machine['cpu']} ({machine['cores']} cores){', ' + gpu['name'] if gpu else ', no GPU'}"
+            + (f"\n{busy.upper()}" if busy else ""))
 
 
 # == benchmark =================================================================================
 
+def _step_times(result: dict) -> tuple[str, dict]:
+    """("back to back" or "phase by phase", {row name: ms}): back to back when every row was timed so,
+    else phase by phase — one kind for every bar, never the two mixed."""
+    rows = _rows(result)
+    if all(row.get("back_to_back_ms") for row in rows):
+        return "back to back", {row["name"]: row["back_to_back_ms"]["median"] for row in rows}
+    return "phase by phase", {row["name"]: row["step_ms"]["median"] for row in rows}
+
+
 def speedup_plot(result, save_to=_DEFAULT):
-    """Bars of t(first stage) / t(stage) on a log scale, each annotated with its factor (and vs the previous)."""
+    """Bars of t(first stage) / t(stage) on a log scale, each annotated with its factor (and vs the previous).
+
+    All bars are of one kind of time (``_step_times``): steps back to back when every row has that, else
+    phase by phase, said on the axis. Where a stage and the one before it were also timed back to back,
+    the bar says that factor too, labelled: a stage built to run steps back to back (cuda-tuned's CUDA
+    graph) is slower phase by phase than the stage before it and faster back to back.
+    """
     result = load(result)
     rows = _rows(result)
+    how, times = _step_times(result)
+    first = result["stages"][0]["name"]
+    factors = [times[first] / times[row["name"]] for row in rows]
     figure = _figure(max(6.0, 1.3 * len(rows) + 2), 4.8)
     axes = figure.add_subplot()
-    factors = [row["speedup_vs_first"] for row in rows]
     colors = [DEVICE_COLORS.get(row["device"], "#4c72b0") if row["kind"] == "stage" else REFERENCE_COLOR
               for row in rows]
     bars = axes.bar(range(len(rows)), factors, color=colors, edgecolor="black", linewidth=0.6)
-    for bar, row in zip(bars, rows):
+    previous = {row["name"]: before for before, row in zip(result["stages"], result["stages"][1:])}
+    for bar, row, factor in zip(bars, rows, factors):
         if row["kind"] == "reference":
             bar.set_hatch("//")
-        note = fmt_factor(row["speedup_vs_first"], times_first=True)
-        if row.get("speedup_vs_previous"):
-            note += f"\n({fmt_factor(row['speedup_vs_previous'], times_first=True)} vs previous)"
+        note = fmt_factor(factor, times_first=True)
+        before = previous.get(row["name"]) if row["kind"] == "stage" else None
+        if before is not None:
+            note += f"\n({fmt_factor(times[before['name']] / times[row['name']], times_first=True)} vs previous)"
+            if how == "phase by phase" and before.get("back_to_back_ms") and row.get("back_to_back_ms"):
+                factor_b2b = before["back_to_back_ms"]["median"] / row["back_to_back_ms"]["median"]
+                note += f"\nback to back: {fmt_factor(factor_b2b, times_first=True)}"
         if row.get("limited_by_budget"):
             note += f"\n{row['timed_steps']} steps timed"
         axes.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3),
@@ -106,9 +144,9 @@ def speedup_plot(result, save_to=_DEFAULT):
     axes.set_ylim(min(min(factors) / 2, 0.5), max(factors) * 12)
     axes.axhline(1.0, color="black", linewidth=0.6)
     axes.set_xticks(range(len(rows)), [_row_label(row) for row in rows], fontsize=9)
-    first = result["stages"][0]["name"]
-    axes.set_ylabel(f"training-step speedup over stage {first} (log)")
-    axes.set_title(f"How much faster each stage trains than stage {first}\n{_subtitle(result)}", fontsize=10)
+    axes.set_ylabel(f"training-step speedup over stage {first}\n(log; steps timed {how})")
+    axes.set_title(f"How much faster each stage trains than stage {first} (steps timed {how})\n{_subtitle(result)}",
+                   fontsize=10)
     axes.grid(axis="y", which="major", alpha=0.3)
     return _save(figure, save_to, "speedup.png")
 
@@ -208,6 +246,67 @@ def ablation_plot(result, save_to=_DEFAULT):
                    f"{result['batch_size']}\n{gpu.get('name', 'no GPU')}, {result.get('created', '')[:10]}",
                    fontsize=10)
     return _save(figure, save_to, "ablation.png")
+
+
+HEADLINE_COLORS = {"cpu machine": "#4c72b0", "gpu": "#55a868", "gpu host": "#a3c9a8"}
+
+
+def _headline_color(cell: dict) -> str:
+    where = cell["where"]
+    if "machine's" in where:
+        return HEADLINE_COLORS["gpu host"]
+    return HEADLINE_COLORS["cpu machine"] if where.endswith("CPU") else HEADLINE_COLORS["gpu"]
+
+
+def headline_plot(data: dict, save_to=_DEFAULT):
+    """The course in one picture: ms a training step of every stage on every machine, PyTorch beside them.
+
+    ``data`` is ``cnn.bench.headline.headline()``: rows (stages in course order, then PyTorch), each with a
+    cell per machine {"ms", "how", "where", "date"}. One horizontal bar per cell, log scale, each labelled
+    with its time, where it ran, its date and how it was timed (back to back, phase by phase, as one CUDA
+    graph) — so a phase-by-phase bar is never read as a back-to-back one. PREDICTED cells are hatched,
+    unfilled and labelled PREDICTED.
+    """
+    from matplotlib.patches import Patch
+
+    bars = [(row, label, cell) for row in data["rows"] for label, cell in row["cells"].items()]
+    figure = _figure(12, 1.6 + 0.34 * len(bars) + 0.12 * len(data["rows"]))
+    axes = figure.add_subplot()
+    position, positions, ticks = 0.0, [], []
+    for index, row in enumerate(data["rows"]):
+        count = len(row["cells"])
+        ticks.append((position + (count - 1) / 2, row["label"] if row["kind"] == "stage" else row["label"]))
+        positions += [position + k for k in range(count)]
+        position += count + 0.7
+    for y, (row, label, cell) in zip(positions, bars):
+        predicted = cell["how"] == "PREDICTED"
+        color = _headline_color(cell)
+        axes.barh(y, cell["ms"], height=0.8, color="white" if predicted else color,
+                  edgecolor=color if predicted else "black", hatch="///" if predicted else None,
+                  linewidth=1.2 if predicted else 0.5)
+        text = (f"~{fmt_ms(cell['ms'])} ms  PREDICTED for the {cell['where']} ({cell['date']})" if predicted else
+                f"{fmt_ms(cell['ms'])} ms  {cell['where']}, {cell['date']}, {cell['how']}")
+        axes.annotate(text, (cell["ms"], y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8,
+                      fontweight="bold" if predicted else None)
+    times = [cell["ms"] for _, _, cell in bars]
+    axes.set_xscale("log")
+    axes.set_xlim(min(times) / 2, max(times) * 400)
+    axes.set_yticks([y for y, _ in ticks], [label for _, label in ticks], fontsize=9)
+    axes.set_ylim(position - 0.5, -0.7)
+    axes.set_xlabel("ms per training step (log scale; shorter is faster)")
+    axes.grid(axis="x", which="major", alpha=0.3)
+    legend = [Patch(facecolor=HEADLINE_COLORS["cpu machine"], edgecolor="black", label="a CPU without a GPU"),
+              Patch(facecolor=HEADLINE_COLORS["gpu"], edgecolor="black", label="on the GPU"),
+              Patch(facecolor=HEADLINE_COLORS["gpu host"], edgecolor="black", label="the GPU machine's host CPU")]
+    if any(cell["how"] == "PREDICTED" for _, _, cell in bars):
+        legend.append(Patch(facecolor="white", edgecolor=HEADLINE_COLORS["gpu"], hatch="///",
+                            label="PREDICTED, not measured"))
+    axes.legend(handles=legend, fontsize=8, loc="lower right")
+    network = {"lenet5": "LeNet-5", "alexnet-small": "AlexNet-small"}.get(data["model"], data["model"])
+    axes.set_title(f"One training step of {network} (batch {data['batch']}), stage by stage, on each machine\n"
+                   f"back to back = steps run as training runs them (one wait at the end); phase by phase = a wait "
+                   f"after every phase", fontsize=10)
+    return _save(figure, save_to, "headline.png")
 
 
 def _bytes_label(size: float) -> str:

@@ -1,9 +1,11 @@
-"""README, docs/profiling.md and the stage-5 docstring quote the committed measurements only through
-generated blocks: those blocks must equal what the generators make from benchmarks/results/ now.
+"""README, docs/benchmarks.md, docs/profiling.md and the stage docstrings quote the committed
+measurements only through generated blocks: those blocks must equal what the generators make from
+benchmarks/results/ now, and the headline picture that leads README must exist.
 
 Also: the selection of the runs README shows, the run tags in file names, the Nsight Compute reader,
-and findings whose wording follows the numbers (a re-measured result that turns around turns the
-sentence around).
+findings whose wording follows the numbers (a re-measured result that turns around turns the
+sentence around), the headline's like-for-like ratios, PREDICTED times kept apart from measured
+ones, and files measured on a busy machine left out and named. ~3 s.
 """
 
 import json
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cnn.bench import docs, findings, nsight, readme, recorded, results
+from cnn import cli, plots
+from cnn.bench import docs, findings, headline, nsight, readme, recorded, results
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 RESULTS = REPOSITORY / "benchmarks" / "results"
@@ -26,7 +29,7 @@ def at_repository(monkeypatch):
 
 def test_readme_blocks_equal_what_the_results_files_give(at_repository):
     page = Path("README.md")
-    expected = readme.regenerated_readme(page, results.shown_results(results.RESULTS_DIR), results.RESULTS_DIR,
+    expected = readme.regenerated_readme(page, readme.published_results(results.RESULTS_DIR), results.RESULTS_DIR,
                                          draw_missing=False)
     assert expected == page.read_text(), "README is stale: run python -m cnn bench --update-readme"
 
@@ -114,3 +117,83 @@ def test_findings_follow_the_numbers(tmp_path):
 def test_no_gpu_files_no_findings(tmp_path):
     shutil.copy(RESULTS / "bench-lenet5-b64-intel-xeon-processor-cpu-2026-11-22.json", tmp_path)
     assert findings.findings(tmp_path) == []
+
+
+# -- the headline: one picture, one table, like compared with like -----------------------------------
+
+def test_the_headline_picture_leads_readme(at_repository):
+    text = Path("README.md").read_text()
+    picture = headline.HEADLINE_PICTURE
+    assert picture.exists() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "run python -m cnn bench --headline"
+    assert f"]({picture.as_posix()})" in text
+    assert text.index(picture.as_posix()) < text.index("## The stages") < text.index("## The course map")
+    assert 100 <= len(text.splitlines()) <= 200, "README is a front page: about 150 lines"
+
+
+def cell(data, stage, machine="H100 machine"):
+    return next(row for row in data["rows"] if row["name"] == stage and row["kind"] == "stage")["cells"][machine]
+
+
+def test_the_headline_compares_like_with_like():
+    """Stage 7 against stage 6 on the H100: back to back in the run that timed both so (×3.1), never its
+    phase-by-phase time against stage 6's back-to-back one (×0.31, what notebook 10 once showed)."""
+    data = headline.headline(out_dir=RESULTS)
+    tuned = cell(data, "cuda-tuned")
+    newest = json.loads((RESULTS / f"bench-lenet5-b64-{H100}.json").read_text())
+    ring_b2b, tuned_b2b = (recorded.row(newest, name)["back_to_back_ms"]["median"] for name in ("cuda-ring", "cuda-tuned"))
+    assert tuned["how"] == headline.BACK_TO_BACK and tuned["ms"] == pytest.approx(tuned_b2b)
+    assert tuned["vs_previous"] == (pytest.approx(ring_b2b / tuned_b2b), headline.BACK_TO_BACK)
+    fused = cell(data, "cuda-fused")            # timed phase by phase only: compared so, and marked
+    assert fused["how"] == headline.PHASE_BY_PHASE and fused["vs_previous"][1] == headline.PHASE_BY_PHASE
+    assert "1.01 |" in headline.front_table(data) and "9.44" not in headline.front_table(data)
+    assert cell(data, "loops", "2-core CPU")["how"] == headline.PHASE_BY_PHASE
+
+
+def busy_copy(tmp_path, load: float, created: str, name: str) -> Path:
+    content = json.loads((RESULTS / "bench-lenet5-b64-intel-xeon-processor-cpu-2026-11-22.json").read_text())
+    content["machine"]["load_average"] = [load, load, load]
+    content["created"] = created
+    recorded.row(content, "numpy")["step_ms"]["median"] = 100.0 + load      # which file the figure came from
+    path = tmp_path / name
+    path.write_text(json.dumps(content))
+    return path
+
+
+def test_files_measured_on_a_busy_machine_are_left_out_and_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(recorded, "PUBLISHED_DIR", tmp_path)
+    quiet = busy_copy(tmp_path, 0.3, "2026-01-01T10:00:00", "bench-lenet5-b64-quiet-cpu-2026-01-01.json")
+    busy = busy_copy(tmp_path, 23.0, "2026-01-02T10:00:00", "bench-lenet5-b64-busy-cpu-2026-01-02.json")
+    published, skipped = recorded.publication(tmp_path)
+    assert published == [quiet] and skipped == [(busy, "the machine was busy: 1-minute load 23.0 on 2 cores, "
+                                                       "times inflated")]
+    assert cell(headline.headline(out_dir=tmp_path), "numpy", "2-core CPU")["ms"] == 100.3
+    page = tmp_path / "README.md"
+    page.write_text(f"{readme.HEADLINE_START}\n{readme.HEADLINE_END}\n")
+    assert cli.main(["bench", "--update-readme", "--out", str(tmp_path), "--readme", str(page)]) == 0
+    assert f"skipped {busy.name}: the machine was busy" in capsys.readouterr().out
+    assert quiet.name in page.read_text() and busy.name not in page.read_text()
+    monkeypatch.setattr(recorded, "PUBLISHED_DIR", tmp_path / "elsewhere")     # one's own results: all read
+    assert cell(headline.headline(out_dir=tmp_path), "numpy", "2-core CPU")["ms"] == 123.0
+
+
+def test_predicted_times_stand_beside_the_measured_ones_and_say_so(tmp_path):
+    for path in RESULTS.glob(f"bench-lenet5-b64-{H100}*.json"):
+        shutil.copy(path, tmp_path)
+    rows = [{"stage": "cuda-tuned", "model": "lenet5", "batch_size": 64, "predicted_ms": 0.9},
+            {"stage": "cuda-fused-net", "model": "lenet5", "batch_size": 64, "predicted_ms": 0.4}]
+    (tmp_path / "predicted-h100-2026-12-01.json").write_text(json.dumps(
+        {"kind": "prediction", "device": "NVIDIA H100 80GB HBM3", "created": "2026-12-01", "rows": rows}))
+    data = headline.headline(out_dir=tmp_path)
+    assert cell(data, "cuda-tuned")["how"] == headline.BACK_TO_BACK                 # the measurement stays
+    assert cell(data, "cuda-tuned", "H100 PREDICTED")["ms"] == 0.9
+    assert data["rows"][[row["name"] for row in data["rows"]].index("cuda-fused-net")]["cells"].keys() == \
+        {"H100 PREDICTED"}
+    table = headline.front_table(data)
+    assert "~0.400 PREDICTED" in table and "H100 PREDICTED: ms a step |" in table
+    figure = plots.headline_plot(data, save_to=None)
+    labels = [text.get_text() for text in figure.axes[0].texts]
+    assert any(label.startswith("~0.400 ms  PREDICTED") for label in labels)
+    hatched = [patch for patch in figure.axes[0].patches if patch.get_hatch()]
+    assert len(hatched) == 2
+    measured = [label for label in labels if "PREDICTED" not in label]
+    assert measured and all(label.endswith(("back to back", "phase by phase", "as one CUDA graph")) for label in measured)

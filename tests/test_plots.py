@@ -1,6 +1,7 @@
 """The pictures: each function writes a non-empty PNG and returns its Figure, and what it draws is right
-(speedup factors, the red frames of wrong predictions, feature maps equal to stage loops' convolution).
-~5 s on 2 cores.
+(speedup factors — never a phase-by-phase time against a back-to-back one —, the red frames of wrong
+predictions, feature maps equal to stage loops' convolution, a busy machine said on the plot).
+~6 s on 2 cores.
 """
 
 import json
@@ -51,6 +52,53 @@ def test_speedup_plot_annotates_each_factor(tmp_path):
     assert any(note.startswith("×100\n(×100 vs previous)") for note in notes)
     assert any(note.startswith("×250\n(×2.50 vs previous)") for note in notes)
     assert figure.axes[0].get_yscale() == "log"
+
+
+def with_back_to_back(row, ms):
+    row["back_to_back_ms"] = {"median": ms}
+    return row
+
+
+def test_speedup_plot_compares_back_to_back_times_when_every_row_has_them():
+    """A stage built for back-to-back steps (a CUDA graph) is slow phase by phase: 9.44 ms against 2.95,
+    but 1.01 against 3.16 back to back. Every row has both: the bars are back to back, and say so."""
+    result = fake_result()
+    result["stages"] = [with_back_to_back(fake_row("cuda-ring", 6, 2.95), 3.16),
+                        with_back_to_back(fake_row("cuda-tuned", 7, 9.44, previous=2.95), 1.01)]
+    result["references"] = [with_back_to_back(fake_row("torch-cuda", None, 2.69, kind="reference"), 2.38)]
+    figure = plots.speedup_plot(result, save_to=None)
+    assert any(note.startswith("×3.13\n(×3.13 vs previous)") for note in texts(figure))
+    assert not any("0.31" in note for note in texts(figure))
+    assert "back to back" in figure.axes[0].get_ylabel() and "back to back" in figure.axes[0].get_title()
+
+
+def test_speedup_plot_of_mixed_rows_is_phase_by_phase_and_says_the_back_to_back_factor_apart():
+    result = fake_result()
+    result["stages"][1] = with_back_to_back(result["stages"][1], 8.0)
+    result["stages"][2] = with_back_to_back(result["stages"][2], 2.0)       # loops has no back-to-back time
+    figure = plots.speedup_plot(result, save_to=None)
+    assert any(note.startswith("×250\n(×2.50 vs previous)\nback to back: ×4.00") for note in texts(figure))
+    assert "phase by phase" in figure.axes[0].get_ylabel()
+
+
+def test_a_busy_machine_is_said_on_the_plot():
+    result = fake_result()
+    result["machine"]["load_average"] = [23.0, 20.0, 18.0]
+    assert "BUSY: 1-MINUTE LOAD 23.0 ON 2 CORES, TIMES INFLATED" in plots.speedup_plot(result, save_to=None).axes[0].get_title()
+    result["machine"]["load_average"] = [0.4, 0.5, 0.5]
+    assert "BUSY" not in plots.speedup_plot(result, save_to=None).axes[0].get_title()
+
+
+def test_headline_plot_labels_every_bar_with_machine_date_and_how(tmp_path):
+    cells = {"2-core CPU": {"ms": 6.0, "how": "phase by phase", "where": "2-core CPU", "date": "2026-01-01"},
+             "H100 machine": {"ms": 1.0, "how": "back to back", "where": "H100", "date": "2026-01-02"}}
+    data = {"model": "lenet5", "batch": 64, "machines": list(cells),
+            "rows": [{"name": "numba-cpu", "label": "3. numba-cpu", "kind": "stage", "cells": dict(cells)}]}
+    figure = plots.headline_plot(data, save_to=tmp_path / "headline.png")
+    assert_png(tmp_path / "headline.png")
+    assert set(texts(figure)) == {"6.00 ms  2-core CPU, 2026-01-01, phase by phase",
+                                  "1.00 ms  H100, 2026-01-02, back to back"}
+    assert figure.axes[0].get_xscale() == "log"
 
 
 def test_breakdown_plot_shares_add_up_to_the_whole_step(tmp_path):

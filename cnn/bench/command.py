@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="rewrite README's bench table (from these results files; default: the newest run of "
                            "each machine and workload, and older runs that timed stages the newer did not) and "
                            "its GPU findings")
+    mode.add_argument("--headline", action="store_true",
+                      help="draw docs/images/headline.png: every stage's step time on every machine, PyTorch beside "
+                           "(from the quiet results files)")
     mode.add_argument("--update-docs", action="store_true",
                       help="rewrite the measured tables of docs/profiling.md and the stage docstrings from the "
                            "results files")
@@ -47,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="time cuda-ring and each fix of cuda-tuned on its own (GPU only)")
     mode.add_argument("--timeline", action="store_true",
                       help="how much of cuda-ring's gradient copies hides under compute (GPU only)")
+    mode.add_argument("--static", metavar="STAGE",
+                      help="every kernel of STAGE's step compiled for sm_90 without a GPU: registers, spills, "
+                           "occupancy, hot-loop instruction mix, predicted H100 time (STAGE 'all': stages 4-8)")
     add("--stages", default=None, help="comma-separated stages (default: all registered)")
     add("--model", choices=list(NETWORKS), default="lenet5")
     add("--batch-size", type=positive_int, default=64)
@@ -72,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--census: on the networks' narrow copies (same counts, smaller bytes; fast in the simulator)")
     add("--ablation-steps", type=positive_int, default=50, help="--ablation: training steps per timed call")
     add("--slots", type=positive_int, default=2, help="--timeline: gradient slots in cuda-ring's ring")
+    add("--fixes", default=None, help="--static cuda-tuned: only these fixes (comma-separated; 'none' for none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         args.pictures_dir = args.out if args.demo else str(DEMO_DIR)
     if args.update_readme is not None:
         return cmd_update_readme(args)
+    if args.headline:
+        from cnn.bench.headline import cmd_headline
+        return cmd_headline(args)
     if args.update_docs:
         from cnn.bench.docs import cmd_update_docs
         return cmd_update_docs(args)
@@ -92,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if args.census:
         from cnn.bench.census import cmd_census
         return cmd_census(args)
+    if args.static:
+        from cnn.bench.static_report import cmd_static
+        return cmd_static(args)
     check_arguments(args)
     if simulator_on():
         raise ValueError(SIMULATOR_REFUSAL)

@@ -1,5 +1,6 @@
-"""``python -m cnn bench --update-docs``: the measured tables of docs/profiling.md and of the stage
-docstrings, regenerated from the committed results files.
+"""``python -m cnn bench --update-docs``: the measured tables of docs/benchmarks.md, docs/profiling.md and
+of the stage docstrings, regenerated from the committed results files (those measured on a quiet
+machine: ``cnn.bench.recorded.not_quiet``; the files left out are listed on docs/benchmarks.md and printed).
 
 Every generated block sits between two marker lines, ``<!-- generated:NAME start -->`` and
 ``<!-- generated:NAME end -->`` (inside a module docstring as well), and is rewritten whole; the
@@ -16,11 +17,12 @@ from pathlib import Path
 from cnn.bench import recorded
 from cnn.bench.findings import LENET, ALEXNET, NETWORK_NAMES, findings
 from cnn.bench.nsight import kernel_summary
-from cnn.bench.readme import relative_link, replace_between_markers
-from cnn.bench.results import RESULTS_DIR, run_tag
+from cnn.bench.readme import plots_of, published_results, relative_link, replace_between_markers, tables_body
+from cnn.bench.results import RESULTS_DIR, load_results, run_tag
 from cnn.bench.tables import ablation_table, back_to_back_table, kernel_table, markdown
 from cnn.formatting import fmt_ms
 
+BENCHMARKS = Path("docs/benchmarks.md")
 PROFILING = Path("docs/profiling.md")
 STAGE5 = Path("cnn/stages/s5_cuda_fused.py")
 COMMAND = "python -m cnn bench --update-docs"
@@ -41,6 +43,22 @@ def session(path, created: str = "") -> str:
     if tag:
         return f"commit {tag}"
     return created.replace("T", " ")[:16] if created else "the later run of that day"
+
+
+# == docs/benchmarks.md =========================================================================
+
+def bench_tables_block(out_dir, page: Path) -> str:
+    """Every published bench run: per machine and workload its table and plots (``cnn.bench.readme``)."""
+    results = [(path, load_results(path)) for path in published_results(out_dir)]
+    return tables_body(results, page, draw_missing=False) if results else "No quiet bench results yet."
+
+
+def skipped_block(out_dir, page: Path) -> str:
+    """The results files these pages do not quote, and why (``cnn.bench.recorded.publication``)."""
+    skipped = recorded.publication(out_dir)[1]
+    if not skipped:
+        return "Every results file was measured on a quiet machine: none is left out."
+    return "\n".join(f"- [`{path.name}`]({relative_link(path, page)}): {reason}" for path, reason in skipped)
 
 
 # == docs/profiling.md ==========================================================================
@@ -183,7 +201,9 @@ def stage7_block(out_dir, page: Path) -> str:
 STAGE7 = Path("cnn/stages/s7_cuda_tuned.py")
 
 #: (file, block name, renderer): every block ``--update-docs`` writes
-BLOCKS = ((PROFILING, "gpu-findings", findings_block), (PROFILING, "ncu-kernels", kernels_block),
+BLOCKS = ((BENCHMARKS, "bench-tables", bench_tables_block), (BENCHMARKS, "gpu-findings", findings_block),
+          (BENCHMARKS, "skipped", skipped_block),
+          (PROFILING, "gpu-findings", findings_block), (PROFILING, "ncu-kernels", kernels_block),
           (PROFILING, "ablation", ablation_block), (PROFILING, "pytorch", pytorch_block),
           (PROFILING, "training", training_block), (PROFILING, "copies", copies_block),
           (STAGE5, "gpu-table", stage5_block), (STAGE7, "gpu-profile", stage7_block))
@@ -213,6 +233,8 @@ def stale_blocks(out_dir=RESULTS_DIR) -> list[str]:
 
 def cmd_update_docs(args) -> int:
     out = Path(args.out or RESULTS_DIR)
+    for results_file in published_results(out):          # a run's two plots, drawn where missing
+        plots_of(results_file)
     for path in dict.fromkeys(target for target, _, _ in BLOCKS):
         text = regenerated(path, out)
         if text != path.read_text():
@@ -220,4 +242,6 @@ def cmd_update_docs(args) -> int:
             print(f"{path}: generated blocks rewritten from {out}")
         else:
             print(f"{path}: up to date")
+    for line in recorded.publication_lines(out):
+        print(line)
     return 0

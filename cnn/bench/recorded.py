@@ -9,7 +9,17 @@ else (the second H100 session timed only stages 6-7) leaves the older figures in
 
 Files (``cnn.bench.results``): ``bench-*`` and ``ablation-*`` (results JSON), ``memory-*`` (copies),
 ``ncu-*.csv`` (Nsight Compute, ``cnn.bench.nsight``), ``train-*`` (``python -m cnn train`` histories),
-``probes-*.json`` (figures of small programs outside the repository, each with how it was measured).
+``probes-*.json`` (figures of small programs outside the repository, each with how it was measured),
+``predicted-*.json`` (step times PREDICTED for a GPU, never a measurement: ``predictions``).
+
+From the committed directory, ``PUBLISHED_DIR`` (what README, docs/ and the notebooks publish), only
+files measured on a quiet machine are read (``not_quiet``; a directory of one's own, ``--out``, is
+read whole, and each of its tables says when its machine was busy): a file that records its machine's
+1-minute load average is published when that load was at most ``cnn.plots.BUSY_LOAD_PER_CORE`` a core
+as the measurement began (the pictures say "busy" by the same rule); a file from a GPU machine that records no load (a training history, the probes,
+an Nsight Compute profile) is published, because that machine is lent to one session at a time and its
+host runs nothing else; any other file is not. ``publication(out_dir)`` says which files were left
+out and why, and ``--update-readme``/``--update-docs`` print it.
 """
 
 from __future__ import annotations
@@ -19,6 +29,64 @@ import re
 from pathlib import Path
 
 from cnn.bench.results import RESULTS_DIR, bench_results, load_results, run_tag
+
+
+#: the committed results: the directory whose busy-machine files are never published
+PUBLISHED_DIR = Path(__file__).resolve().parents[2] / RESULTS_DIR
+#: the files the generated pages read, by name
+PUBLISHED_PATTERNS = ("bench-*.json", "ablation-*.json", "memory-*.json", "train-*.json", "probes-*.json",
+                      "ncu-*.csv", "predicted-*.json")
+
+
+def quiet_only(out_dir) -> bool:
+    """True for the committed results directory, whose files on a busy machine are left out."""
+    return Path(out_dir).resolve() == PUBLISHED_DIR.resolve()
+
+
+def not_quiet(path, content) -> str | None:
+    """Why the measurements of results file ``path`` (its parsed ``content``, ``{}`` for a CSV) are not
+    published, in words; None when they are: its machine was quiet, or it is a GPU machine's file
+    that records no load (see the module's docstring)."""
+    from cnn.plots import busy_note
+
+    machine = (content.get("machine") if isinstance(content, dict) else None) or {}
+    if machine.get("load_average") and machine.get("cores"):
+        busy = busy_note(machine)
+        return f"the machine was {busy}" if busy else None
+    if machine.get("gpu") or "nvidia" in Path(path).name:
+        return None
+    return "records no load average, so whether its machine was quiet is unknown"
+
+
+def publication(out_dir=RESULTS_DIR) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(the files the generated pages may quote, [(a file left out, why)]), each list by name."""
+    published, skipped = [], []
+    for path in sorted({path for pattern in PUBLISHED_PATTERNS for path in Path(out_dir).glob(pattern)}):
+        content = {}
+        if path.suffix == ".json":
+            try:
+                content = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                skipped.append((path, f"not readable JSON ({err})"))
+                continue
+        reason = not_quiet(path, content) if quiet_only(out_dir) else None
+        if reason is None:
+            published.append(path)
+        else:
+            skipped.append((path, reason))
+    return published, skipped
+
+
+def publication_lines(out_dir=RESULTS_DIR) -> list[str]:
+    """One line per file left out of the generated pages, with the reason."""
+    return [f"skipped {path.name}: {reason}" for path, reason in publication(out_dir)[1]]
+
+
+def quiet_bench_results(out_dir=RESULTS_DIR) -> list[tuple[Path, dict]]:
+    """``cnn.bench.results.bench_results``, less the files measured on a busy machine where that counts
+    (``quiet_only``), oldest first."""
+    strict = quiet_only(out_dir)
+    return [(path, result) for path, result in bench_results(out_dir) if not strict or not_quiet(path, result) is None]
 
 
 def row(result: dict, name: str) -> dict | None:
@@ -31,7 +99,7 @@ def bench_with(model: str, batch: int, needs: dict, out_dir=RESULTS_DIR, gpu: bo
     row named in ``needs`` exists and has the keys listed for it, e.g. {"cuda-tuned": ["back_to_back_ms"]};
     None when no file does."""
     found = None
-    for path, result in bench_results(out_dir):
+    for path, result in quiet_bench_results(out_dir):
         config = result["config"]
         if (config["model"], config["batch_size"], bool(result["machine"].get("gpu"))) != (model, batch, gpu):
             continue
@@ -42,12 +110,14 @@ def bench_with(model: str, batch: int, needs: dict, out_dir=RESULTS_DIR, gpu: bo
 
 
 def _json_files(out_dir, pattern: str) -> list[tuple[Path, dict]]:
-    found = []
+    found, strict = [], quiet_only(out_dir)
     for path in Path(out_dir).glob(pattern):
         try:
-            found.append((path, json.loads(path.read_text())))
+            content = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
+        if not strict or not_quiet(path, content) is None:
+            found.append((path, content))
     return sorted(found, key=lambda item: str(item[1].get("created", "")))
 
 
@@ -87,7 +157,7 @@ def ncu_profiles(out_dir=RESULTS_DIR) -> list[dict]:
         rest = path.name[len(f"ncu-{stage}-"):] if stage else ""
         model = next((name for name in NETWORKS if rest.startswith(f"{name}-b")), None)
         parsed = re.match(r"b(\d+)-(.+)-(\d{4}-\d{2}-\d{2})", rest[len(f"{model}-"):]) if model else None
-        if parsed:
+        if parsed and (not quiet_only(out_dir) or not_quiet(path, {}) is None):
             found.append({"path": path, "stage": stage, "model": model, "batch": int(parsed.group(1)),
                           "device": parsed.group(2), "date": parsed.group(3), "tag": run_tag(path)})
     networks = list(NETWORKS)
@@ -107,6 +177,23 @@ def probe(name: str, out_dir=RESULTS_DIR) -> float:
     if recorded is None or name not in recorded[1]["figures"]:
         raise ValueError(f"no probe figure {name!r} in {out_dir}/probes-*.json")
     return recorded[1]["figures"][name]["value"]
+
+
+def predictions(model: str, batch: int, out_dir=RESULTS_DIR) -> list[dict]:
+    """The PREDICTED step times of ``model`` at ``batch`` in ``predicted-*.json`` files, newest file last:
+    [{"stage", "ms", "device", "date", "how", "path"}]. A file holds {"kind": "prediction", "device",
+    "created", "rows": [{"stage", "model", "batch_size", "predicted_ms", "how"?}]} ("predictions" for
+    "rows", "ms" for "predicted_ms" are read too); a newer file's row replaces an older one's."""
+    found = {}
+    for path, content in _json_files(out_dir, "predicted-*.json"):
+        for entry in content.get("rows") or content.get("predictions") or []:
+            ms = entry.get("predicted_ms", entry.get("ms"))
+            if (entry.get("model"), entry.get("batch_size")) == (model, batch) and isinstance(ms, (int, float)):
+                found[entry["stage"]] = {"stage": entry["stage"], "ms": float(ms), "path": path,
+                                         "device": entry.get("device") or content.get("device", "GPU"),
+                                         "date": str(content.get("created", ""))[:10],
+                                         "how": entry.get("how", "back to back")}
+    return list(found.values())
 
 
 def memory_result(out_dir=RESULTS_DIR, gpu: bool = True):
