@@ -5,7 +5,7 @@ read-only, or a second run writes the same checkpoint?
     python benchmarks/fault_injection.py --readme README.md   # ... and README's reliability block from it
     python benchmarks/fault_injection.py --quick --results /tmp/f.json    # what the test suite runs
 
-Every scenario runs the real code (``cnn.train``, ``cnn.checkpoint``, ``python -m cnn train``'s
+Every scenario runs the real code (``cnn.train``, ``cnn.guard``, ``cnn.checkpoint``, ``python -m cnn train``'s
 ``main``) on LeNet-5-sized checkpoints and a tiny dataset, a few seconds each:
 
 kill -9 while writing      a child writes checkpoints back to back (each state's parameters filled
@@ -203,13 +203,28 @@ def temporaries_in(directory: Path) -> list[Path]:
 
 # -- scenario 1: kill -9 while writing checkpoints ---------------------------------------------
 
+def save_marked(path: Path, state: int, writer: int = 0) -> None:
+    """A valid checkpoint in which every number says ``state`` and ``writer`` (0 or 1): every parameter
+    ±state (+ for writer 0), every momentum its negative, epoch ``state``, batch ``writer``, and a
+    history of ``state`` steps."""
+    params = np.full(LENET5_PARAMS, state * (1 - 2 * writer), np.float32)
+    history = {"steps": [[step, 0.0, 0.02, 0.0] for step in range(state)], "evals": [], "epochs": [],
+               "train_seconds": 0.0}
+    checkpoints.save_checkpoint(path, params, -params, config(None, epochs=10**9), state, writer,
+                                np.random.default_rng(state).bit_generator.state, history)
+
+
+def holds_marked(saved: dict) -> bool:
+    """Whether a loaded checkpoint is whole: every number says the same state and writer (``save_marked``)."""
+    state, sign = saved["epoch"], 1 - 2 * saved["batch"]
+    return bool(np.all(saved["params"] == sign * state) and np.all(saved["momentum"] == -sign * state)
+                and len(saved["history"]["steps"]) == state)
+
+
 def write_states_forever(path: Path, ack) -> None:
-    """Write checkpoints 1, 2, 3, ...: state k has every parameter k and every momentum −k; ack each."""
-    settings = config(None)
+    """Write checkpoints 1, 2, 3, ... (``save_marked``); ack each."""
     for state in range(1, 10**9):
-        params = np.full(LENET5_PARAMS, state, np.float32)
-        checkpoints.save_checkpoint(path, params, -params, settings, state, 0, {"state": state},
-                                    {"steps": [[step, 0.0, 0.02, 0.0] for step in range(state)]})
+        save_marked(path, state)
         ack(state)
 
 
@@ -232,9 +247,7 @@ def kill_while_writing(trials: int, scratch: Path) -> Scenario:
         except ValueError as err:
             scenario.trial(f"trial {trial}: {err}", lost=True)
             continue
-        state = saved["epoch"]
-        whole = (np.all(saved["params"] == state) and np.all(saved["momentum"] == -state)
-                 and len(saved["history"]["steps"]) == state)
+        state, whole = saved["epoch"], holds_marked(saved)
         problem = None if whole and state in (last, last + 1) else (
             f"trial {trial}: checkpoint holds state {state} (whole: {whole}), last acknowledged {last}")
         scenario.trial(problem, lost=state < last)
@@ -249,14 +262,14 @@ def kill_while_writing(trials: int, scratch: Path) -> Scenario:
 # -- scenario 2: kill -9 while training, then resume ------------------------------------------
 
 def train_acking_checkpoints(settings: TrainConfig, data, ack) -> None:
-    import cnn.train
+    import cnn.guard
 
-    save = cnn.train.save_checkpoint
+    save = cnn.guard.save_checkpoint
 
     def save_and_ack(path, params, momentum, config_, epoch, batch, *rest):
         save(path, params, momentum, config_, epoch, batch, *rest)
         ack(f"{epoch} {batch}")
-    cnn.train.save_checkpoint = save_and_ack        # this forked child's copy only
+    cnn.guard.save_checkpoint = save_and_ack        # this forked child's copy only
     train(settings, data)
     ack("done")
 
@@ -459,11 +472,9 @@ def hold_lock(path: Path, ack) -> None:
         time.sleep(60)
 
 
-def write_states(path: Path, sign: int, count: int, ack) -> None:
-    settings = config(None)
+def write_states(path: Path, writer: int, count: int, ack) -> None:
     for state in range(1, count + 1):
-        params = np.full(LENET5_PARAMS, sign * state, np.float32)
-        checkpoints.save_checkpoint(path, params, -params, settings, sign * state, 0, {}, {"steps": []})
+        save_marked(path, state, writer)
     ack("done")
 
 
@@ -476,7 +487,7 @@ def read_while_written(path: Path, seconds: float, ack) -> None:
         try:
             saved = checkpoints.load_checkpoint(path)
             loads += 1
-            damaged += not np.all(saved["params"] == saved["epoch"])
+            damaged += not holds_marked(saved)
         except ValueError:
             damaged += 1
     ack(f"{loads} {damaged}")
@@ -512,7 +523,7 @@ def concurrent_writers(trials: int, scratch: Path) -> Scenario:
     for trial in range(trials):                   # writers that bypass the lock never damage the file
         path = scratch / f"bypass-{trial}" / "ck.npz"
         path.parent.mkdir()
-        writers = [forked(write_states, path, sign, 40) for sign in (1, -1)]
+        writers = [forked(write_states, path, writer, 40) for writer in (0, 1)]
         reader = forked(read_while_written, path, 1.0)
         crashed = [line for pid, read in writers for line in acks_of(pid, read) if line != "done"]
         loads, damaged = map(int, acks_of(*reader)[-1].split())

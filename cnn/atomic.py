@@ -7,6 +7,9 @@
                              one, never half of one
     fsync the directory      the rename itself survives a power cut
 
+``path`` is first resolved to its real path: writing through a symlink replaces the file it points
+to and leaves the link a link.
+
 The temporary has a name of its own (``tempfile.mkstemp``: ``.NAME.<random>.tmp``), so two writers of
 one file never write into the same temporary. On any failure — an exception, a full disk, Ctrl-C —
 the temporary is removed and ``path`` keeps its old content. Only kill -9 or a power cut can leave a
@@ -27,7 +30,7 @@ from pathlib import Path
 @contextlib.contextmanager
 def replaced_on_success(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write; rename it onto ``path`` if the block succeeds."""
-    path = Path(path)
+    path = real_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(handle)
@@ -40,6 +43,11 @@ def replaced_on_success(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_directory(path.parent)
     finally:
         temporary.unlink(missing_ok=True)       # already gone after a successful rename
+
+
+def real_path(path: str | os.PathLike) -> Path:
+    """``path`` with every symlink on the way resolved (a path that does not exist yet is kept as it is)."""
+    return Path(os.path.realpath(path))
 
 
 def stale_temporaries(path: str | os.PathLike) -> list[Path]:

@@ -1,6 +1,6 @@
 """What a training run writes, written so that no work is lost: its checkpoint and its history.
 
-Four rules, each against one way work gets lost:
+Five rules, each against one way work gets lost:
 
 - **Check before working.** ``check_writable`` runs before training starts, for every file the run
   will write (``--checkpoint``, ``--out``): a read-only file system, a full disk, a folder that is
@@ -10,8 +10,13 @@ Four rules, each against one way work gets lost:
   leaves the previous checkpoint or the new one, never half of one; a failed write (disk full)
   leaves the previous one and no temporary.
 - **One writer.** ``CheckpointLock`` lets one live run write a given checkpoint; a second is refused
-  in one line. The lock is ``fcntl.flock`` on ``PATH.lock``, which the kernel releases when its
-  process ends however it ends, so the lock of a run that was killed never blocks the next one.
+  in one line. The lock is the ``filelock`` library's (``flock`` on ``REAL.lock``), which the kernel
+  releases when its process ends however it ends, so the lock of a run that was killed never blocks
+  the next one. REAL is the checkpoint's real path: a symlink to a checkpoint is the same checkpoint,
+  locked by the same lock, and written through (the atomic writer replaces the file the link points
+  to, never the link).
+- **Trust nothing read.** ``load_checkpoint`` checks every field of the file before it is used
+  (``cnn.checkpoint_schema``): a checkpoint may come from anywhere.
 - **The history survives.** ``save_history`` writes the history where asked or, if that fails,
   to the temporary directory, and says where.
 
@@ -21,18 +26,19 @@ loss at the parameters.)
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock, Timeout
 
-from cnn.atomic import replaced_on_success, stale_temporaries
+from cnn.atomic import real_path, replaced_on_success, stale_temporaries
+from cnn.checkpoint_schema import read_checkpoint
 
 #: Room kept for a checkpoint's history and configuration when estimating its size
 HISTORY_ALLOWANCE = 1 << 20
@@ -52,24 +58,13 @@ def save_checkpoint(path: str | Path, params: np.ndarray, momentum: np.ndarray, 
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """The checkpoint's contents; a missing or damaged file is one ValueError line naming it.
+    """The checkpoint's contents, every field checked (``cnn.checkpoint_schema.read_checkpoint``); a
+    missing, damaged or malformed file is one ValueError line naming the file and the field.
 
     ``parallel`` is None unless a distributed run (``cnn.parallel.checkpoint``) wrote the file: then
     its ``batch`` counts that run's global batches, and ``parallel["images_into_epoch"]`` is the
-    position that carries over to another batch size."""
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {"params": archive["params"], "momentum": archive["momentum"],
-                    "epoch": int(archive["epoch"]), "batch": int(archive["batch"]),
-                    "parallel": json.loads(str(archive["parallel"])) if "parallel" in archive.files else None,
-                    "rng_state": json.loads(str(archive["rng_state"])),
-                    "config": json.loads(str(archive["config"])),
-                    "history": json.loads(str(archive["history"]))}
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such checkpoint") from None
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise ValueError(f"{path}: not a valid checkpoint ({err})") from None
+    position that carries over to another batch size; ``rows`` holds that run's per-worker arrays."""
+    return read_checkpoint(path)
 
 
 def checkpoint_bytes(num_params: int, dtype) -> int:
@@ -87,20 +82,20 @@ def check_writable(path: str | Path, what: str, needed_bytes: int = 0) -> None:
     in its folder (created if missing: the run would create it anyway), which a read-only file
     system, missing permission or a full disk refuses; its file system has ``needed_bytes`` free.
     """
-    path = Path(path)
+    shown, path = path, real_path(path)
     if path.is_dir():
-        raise ValueError(f"{what} {path}: is a directory; give a file name")
+        raise ValueError(f"{what} {shown}: is a directory; give a file name")
     existing = next(folder for folder in (path.parent, *path.parent.parents) if folder.exists())
     if not existing.is_dir():
-        raise ValueError(f"{what} {path}: {existing} is a file, not a directory")
+        raise ValueError(f"{what} {shown}: {existing} is a file, not a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_probe(path)
     except OSError as err:
-        raise ValueError(f"{what} {path}: cannot write in {path.parent} ({err.strerror or err})") from None
+        raise ValueError(f"{what} {shown}: cannot write in {path.parent} ({err.strerror or err})") from None
     free = shutil.disk_usage(path.parent).free
     if free < needed_bytes:
-        raise ValueError(f"{what} {path}: {_size(free)} free on its file system, it needs about {_size(needed_bytes)}")
+        raise ValueError(f"{what} {shown}: {_size(free)} free on its file system, it needs about {_size(needed_bytes)}")
 
 
 def _write_probe(path: Path) -> None:
@@ -120,50 +115,66 @@ def _size(count: int) -> str:
 
 
 class CheckpointLock:
-    """``with CheckpointLock(path):`` — this process is the one live run writing checkpoint ``path``.
+    """``with CheckpointLock(path) as lock:`` — this process is the one live run writing checkpoint ``path``.
 
-    Taking it: open (or create) ``PATH.lock``, ``flock`` it without waiting; if another process
-    holds it, ValueError naming that process (its pid is in the file). Once held, temporaries left
-    by killed writers of ``path`` are removed (no live writer can own them now). Releasing it
-    removes the file, then lets go; a run that took the lock on the file just removed sees that
-    the path no longer leads to its file and takes the lock again on a new one.
+    Taking it: ``filelock`` locks ``REAL.lock`` (REAL: the checkpoint's real path, symlinks
+    resolved), waiting at most ``WAIT`` seconds; if another process holds it, ValueError naming that
+    process (its pid is in the file). Once held, temporaries left by killed writers of the checkpoint
+    are removed (no live writer can own them now). ``lock.holds()`` says whether REAL.lock is still
+    the file this run locked — not once its folder was removed or replaced during the run.
+    Releasing it removes the file while still holding it, then lets go (filelock's next taker sees a
+    removed file and opens a new one); where the folder went read-only or away, nothing is removed
+    and nothing is raised.
     """
+
+    WAIT = 0.25         # seconds: covers a previous holder caught between removing its file and letting go
 
     def __init__(self, path: str | Path):
         self.checkpoint = Path(path)
-        self.path = Path(f"{path}.lock")
-        self.descriptor = None
+        self.path = Path(f"{real_path(path)}.lock")
+        self.identity = None            # (device, inode) of the file this run locked
+        self.lock = FileLock(self.path, timeout=self.WAIT, on_acquired=self._acquired)
+
+    def _acquired(self, descriptor: int) -> None:
+        """filelock's hook, with the lock held: write this process's pid, remember which file it is."""
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        status = os.fstat(descriptor)
+        self.identity = (status.st_dev, status.st_ino)
 
     def __enter__(self) -> "CheckpointLock":
-        while self.descriptor is None:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "?"
-                os.close(descriptor)
-                raise ValueError(f"{self.checkpoint}: another run (pid {holder}) is writing this checkpoint; "
-                                 "wait for it to end, or give this run another --checkpoint") from None
-            if self._still_named(descriptor):
-                self.descriptor = descriptor
-            else:
-                os.close(descriptor)
-        os.ftruncate(self.descriptor, 0)
-        os.pwrite(self.descriptor, f"{os.getpid()}\n".encode(), 0)
-        for temporary in stale_temporaries(self.checkpoint):
+        try:
+            self.lock.acquire()
+        except Timeout:
+            raise ValueError(f"{self.checkpoint}: another run (pid {self._holder()}) is writing this checkpoint; "
+                             "wait for it to end, or give this run another --checkpoint") from None
+        except OSError as err:
+            raise ValueError(f"{self.checkpoint}: cannot lock {self.path} ({err.strerror or err})") from None
+        for temporary in stale_temporaries(real_path(self.checkpoint)):
             temporary.unlink(missing_ok=True)
         return self
 
-    def _still_named(self, descriptor: int) -> bool:
+    def _holder(self) -> str:
         try:
-            return os.path.samestat(os.fstat(descriptor), os.stat(self.path))
-        except FileNotFoundError:
+            return self.path.read_text(errors="replace").strip()[:20] or "?"
+        except OSError:
+            return "?"
+
+    def holds(self) -> bool:
+        """Whether ``PATH.lock`` is still the file this run locked."""
+        try:
+            status = os.stat(self.path)
+        except OSError:
             return False
+        return (status.st_dev, status.st_ino) == self.identity
 
     def __exit__(self, *exc_info) -> None:
-        self.path.unlink(missing_ok=True)
-        os.close(self.descriptor)
-        self.descriptor = None
+        if self.holds():
+            with contextlib.suppress(OSError):          # a folder gone read-only keeps its lock file
+                self.path.unlink()
+        with contextlib.suppress(OSError):
+            self.lock.release()
+        self.identity = None
 
 
 # -- the history -------------------------------------------------------------------------------

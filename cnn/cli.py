@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from cnn.argtypes import count, non_negative_float, positive_float, positive_int
+from cnn.argtypes import count, decay_factor, momentum, non_negative_float, positive_float, positive_int, seed
 from cnn.model import INIT_SCHEMES, NETWORKS
 from cnn.train import SCHEDULES, TrainConfig
 
@@ -40,15 +40,15 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     add("--epochs", type=positive_int, default=defaults.epochs)
     add("--batch-size", type=positive_int, default=defaults.batch_size)
     add("--lr", type=positive_float, default=defaults.lr, help="learning rate η")
-    add("--momentum", type=non_negative_float, default=defaults.momentum)
+    add("--momentum", type=momentum, default=defaults.momentum)
     add("--weight-decay", type=non_negative_float, default=defaults.weight_decay, help="L2 strength λ")
     add("--schedule", choices=SCHEDULES, default=defaults.schedule)
     add("--step-epochs", type=positive_int, default=defaults.step_epochs)
-    add("--gamma", type=positive_float, default=defaults.gamma)
+    add("--gamma", type=decay_factor, default=defaults.gamma)
     add("--lr-scale", type=positive_float, default=defaults.lr_scale, help="warmup: target = lr-scale · lr")
     add("--warmup-epochs", type=non_negative_float, default=defaults.warmup_epochs)
     add("--init", choices=INIT_SCHEMES, default=defaults.init)
-    add("--seed", type=int, default=defaults.seed)
+    add("--seed", type=seed, default=defaults.seed)
     add("--dtype", choices=("float32", "float64"), default=defaults.dtype)
     add("--data-dir", default=None, help="directory holding the dataset files")
     add("--limit-train", type=positive_int, default=None, help="train on the first N images only")
@@ -92,20 +92,20 @@ def build_parser() -> OneLineParser:
 
 def cmd_train(args) -> int:
     """Train; the history goes to --out, checked writable before training. A run that stops early
-    (divergence, a checkpoint that cannot be written) still saves its history and says where."""
+    (divergence, a checkpoint that cannot be written, SIGINT/SIGTERM) still saves its history and says where."""
     from cnn.checkpoint import check_writable, save_history
     from cnn.machine import machine_info
-    from cnn.train import CheckpointWriteFailed, TrainingDiverged, pace_line, train
+    from cnn.train import CheckpointWriteFailed, TrainingDiverged, TrainingStopped, pace_line, train
 
     config = config_from_args(args)
     out = Path(args.out or f"results/train-{config.model}-{config.stage}.json")
     check_writable(out, "--out")
     try:
         history = train(config)
-    except (TrainingDiverged, CheckpointWriteFailed) as err:
+    except (TrainingDiverged, CheckpointWriteFailed, TrainingStopped) as err:
         _, where = save_history(err.history, out)
         print(f"python -m cnn train: {err}; {where}", file=sys.stderr)
-        return EXIT_FAILED
+        return getattr(err, "exit_code", EXIT_FAILED)      # a polite stop: 130 (SIGINT) or 143 (SIGTERM)
     history["machine"] = machine_info()
     history["command"] = "python -m cnn " + " ".join(sys.argv[1:])
     saved_to, where = save_history(history, out)

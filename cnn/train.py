@@ -27,102 +27,40 @@ state of the shuffling generator at the start of that epoch and the configuratio
 reproduces the uninterrupted run exactly. Before training, the checkpoint's path is checked
 writable and locked against a second run; each checkpoint is written whole or not at all.
 
-The divergence guard (seed 000's lesson: too large a learning rate or initial weights) looks at
-every number the host sees — each step's loss, each test loss — and, before each checkpoint, at the
-parameters themselves: they must be finite and give a finite loss on test images, since a step
-whose loss was finite may still have left exploded weights behind. Anything else stops training
-with one line that names the last good checkpoint, if there is one. The host's arithmetic runs
-under ``np.errstate(all="ignore")``: the guard reports overflow itself, in that one line.
+The guard (``cnn.guard``; seed 000's lesson: too large a learning rate or initial weights) looks at
+every number the host sees — each step's loss, each test loss, which must also stay within a sane
+factor of the best seen — and, before each checkpoint, at the parameters themselves: they must be
+finite and give a sane loss on test images, since a step whose loss was finite may still have left
+exploded weights behind. Anything else stops training with one line that names the last good
+checkpoint, if there is one. The host's arithmetic runs under ``np.errstate(all="ignore")``: the
+guard reports overflow itself, in that one line.
+
+Ctrl-C (SIGINT) and SIGTERM (a cluster scheduler, a notebook server) only raise a flag
+(``cnn.interrupt``); after the current request of steps the guard writes the checkpoint of exactly
+that point and stops the run with one line saying how to resume it (exit 130 / 143 on the command
+line). Resuming it gives, bit for bit, what the uninterrupted run would have.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
 
 from cnn.checkpoint import (CheckpointLock, check_writable, checkpoint_bytes, load_checkpoint,  # noqa: F401
                             save_checkpoint)
-from cnn.model import INIT_SCHEMES, get_network
+from cnn.config import SCHEDULES, TrainConfig  # noqa: F401  (TrainConfig and SCHEDULES are also read from here)
+from cnn.guard import (CheckpointWriteFailed, Guard, TrainingDiverged, TrainingStopped,  # noqa: F401
+                       divergence_message, resume_point)
+from cnn.interrupt import polite_stop
+from cnn.model import get_network
 from cnn.stages import get_stage
 
-SCHEDULES = ("constant", "step", "warmup")
 DATASET_OF_MODEL = {"lenet5": "mnist", "alexnet-small": "cifar10"}
-
-
-@dataclass
-class TrainConfig:
-    model: str = "lenet5"
-    stage: str = "numpy"
-    epochs: int = 10
-    batch_size: int = 64
-    lr: float = 0.02
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    schedule: str = "step"
-    step_epochs: int = 6          # "step": decay every this many epochs
-    gamma: float = 0.1            # "step": decay factor
-    lr_scale: float = 1.0         # "warmup": target rate = lr_scale · lr
-    warmup_epochs: float = 1.0    # "warmup": length of the linear ramp
-    init: str = "he"
-    seed: int = 0
-    dtype: str = "float32"
-    data_dir: str | None = None
-    limit_train: int | None = None   # use only the first N training images (quick runs, tests)
-    limit_test: int | None = None
-    eval_every: int = 0           # also evaluate on `eval_subset` test images every N steps (learning curves)
-    eval_subset: int = 1000
-    checkpoint: str | None = None
-    checkpoint_every: int = 0     # steps between checkpoints; 0 = at the end of each epoch only
-    resume: bool = False
-    progress: bool = True
-
-    def check(self) -> "TrainConfig":
-        """Raise ValueError with one line naming the first impossible setting."""
-        positive = ("epochs", "batch_size", "lr", "step_epochs", "eval_subset")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        for name in ("momentum", "weight_decay", "warmup_epochs", "eval_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if self.init not in INIT_SCHEMES:
-            raise ValueError(f"unknown init {self.init!r}; choose one of {', '.join(INIT_SCHEMES)}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
-        for name in ("limit_train", "limit_test"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.resume and not self.checkpoint:
-            raise ValueError("resume needs a checkpoint path (--checkpoint)")
-        get_network(self.model)
-        return self
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the parameters became NaN or infinite; the message says when and what to change.
-
-    ``history`` holds the run's history up to that point (None when the raiser had none to give)."""
-
-    def __init__(self, message: str, history: dict | None = None):
-        super().__init__(message)
-        self.history = history
-
-
-class CheckpointWriteFailed(RuntimeError):
-    """A checkpoint could not be written (disk full, file system gone read-only): training stopped,
-    the previous checkpoint is intact and no temporary is left; ``history`` holds the run so far."""
-
-    def __init__(self, message: str, history: dict):
-        super().__init__(message)
-        self.history = history
 
 
 def lr_at(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
@@ -169,70 +107,13 @@ def evaluate_loaded(stage, count: int) -> tuple[float, float]:
     return correct / count, loss_sum / count
 
 
-# -- checkpoints and the divergence guard -------------------------------------------------------
+# -- checkpoints --------------------------------------------------------------------------------
 
 def config_from_checkpoint(saved: dict, **overrides) -> TrainConfig:
     known = {field.name for field in fields(TrainConfig)}
     values = {key: value for key, value in saved["config"].items() if key in known}
     values.update(overrides)
     return TrainConfig(**values)
-
-
-def resume_point(epoch: int, batch: int) -> str:
-    """"epoch E, batch B" (1-based) of the next step to train, from a 0-based position."""
-    return f"epoch {epoch + 1}, batch {batch + 1}"
-
-
-class Guard:
-    """What keeps the run's work: every number the host sees must be finite, and a checkpoint is
-    written only for parameters that are finite and give a finite loss on test images.
-
-    ``last`` is where the last good checkpoint resumes, (epoch, batch) 0-based: the one this run
-    wrote last, or the one it resumed from; None while there is none.
-    """
-
-    def __init__(self, config: TrainConfig, history: dict, test_count: int, last: tuple[int, int] | None = None):
-        self.config, self.history, self.last = config, history, last
-        self.probe_count = min(config.batch_size, test_count)    # test images tried before a mid-epoch checkpoint
-
-    def check(self, value: float, measured: str, epoch: int, batch: int, lr: float) -> None:
-        """Stop training unless ``value`` (``measured`` at step ``batch`` of ``epoch``, 0-based) is finite."""
-        if not math.isfinite(value):
-            raise TrainingDiverged(divergence_message(self.config, value, epoch, batch, lr, self.kept(), measured),
-                                   self.history)
-
-    def checkpoint(self, stage, resume_at: tuple[int, int], rng_state: dict, epoch: int, batch: int, lr: float,
-                   test_loss: float | None = None) -> None:
-        """After step ``batch`` of ``epoch``, write the checkpoint that resumes at ``resume_at`` — if the
-        parameters are sound: finite, and giving a finite test loss (``test_loss`` when the caller has
-        just measured it, else measured here on ``probe_count`` test images)."""
-        params = stage.get_params()                 # a host copy: what is checked is what is written
-        not_finite = params[~np.isfinite(params)]
-        if not_finite.size:
-            self.check(float(not_finite[0]), "a parameter", epoch, batch, lr)
-        if test_loss is None:
-            test_loss = stage.test_scores(self.probe_count)[1] / self.probe_count
-        self.check(test_loss, "the test loss", epoch, batch, lr)
-        try:
-            save_checkpoint(self.config.checkpoint, params, stage.get_momentum(), self.config, *resume_at,
-                            rng_state, self.history)
-        except OSError as err:
-            raise CheckpointWriteFailed(
-                f"cannot write the checkpoint {self.config.checkpoint} after epoch {epoch + 1}, batch {batch + 1} "
-                f"({err.strerror or err}); {self.previous()}; no temporary file is left", self.history) from None
-        self.last = resume_at
-
-    def previous(self) -> str:
-        if self.last is None:
-            return "this run had written no checkpoint yet"
-        return f"the previous checkpoint is intact (it resumes at {resume_point(*self.last)})"
-
-    def kept(self) -> str:
-        if not self.config.checkpoint:
-            return "no checkpoint was being written (--checkpoint PATH keeps one)"
-        if self.last is None:
-            return "this run wrote no checkpoint before it, so none is kept"
-        return f"the last good checkpoint is kept at {self.config.checkpoint} (it resumes at {resume_point(*self.last)})"
 
 
 def epoch_seconds(history: dict) -> list[float]:
@@ -252,22 +133,6 @@ def pace_line(history: dict) -> str:
     return f"{rest:.2f} s of training per epoch after the first ({seconds[0]:.1f} s, compilation included)"
 
 
-def divergence_message(config, loss, epoch, batch, lr, kept: str | None = None, measured: str = "loss") -> str:
-    """The one-line error when a number stops being finite (also used by the MPI trainers).
-
-    ``measured`` is what was not finite: "loss" (the training loss at step ``batch`` of ``epoch``,
-    0-based), or what was measured after that step ("the test loss", "a parameter"). ``kept`` says
-    which checkpoint is kept; by default the file at ``config.checkpoint`` if there is one.
-    """
-    if kept is None:
-        kept = ("no checkpoint was being written (--checkpoint PATH keeps one)" if not config.checkpoint
-                else f"the last good checkpoint is kept at {config.checkpoint}" if Path(config.checkpoint).exists()
-                else "no checkpoint was written before it")
-    when = "at" if measured == "loss" else "after"
-    return (f"training diverged: {measured} is {loss} {when} epoch {epoch + 1}, batch {batch + 1} (lr={lr:g}); "
-            f"lower --lr or the initial weight scale (--init uniform or xavier); {kept}")
-
-
 # -- the loop -----------------------------------------------------------------------------------
 
 def _new_history(config: TrainConfig, num_params: int) -> dict:
@@ -278,8 +143,9 @@ def _new_history(config: TrainConfig, num_params: int) -> dict:
 def _progress_bar(total: int, initial: int, epoch: int, enabled: bool):
     from tqdm import tqdm
 
+    # disable=None: a bar only when stderr is a terminal (a redirected log would fill with its updates)
     return tqdm(total=total, initial=initial, desc=f"epoch {epoch + 1}", unit="batch",
-                disable=not enabled, leave=True, dynamic_ncols=True)
+                disable=None if enabled else True, leave=True, dynamic_ncols=True)
 
 
 def train(config: TrainConfig, data=None, stage=None) -> dict:
@@ -290,18 +156,28 @@ def train(config: TrainConfig, data=None, stage=None) -> dict:
     None to build ``config.stage`` for ``config.model``, initialised with ``config.init`` and ``config.seed``.
 
     With a checkpoint, its path is checked writable (ValueError, one line) and locked against a
-    second run before anything else is done, and stays locked until the run ends.
+    second run before anything else is done, and stays locked until the run ends. SIGINT and SIGTERM
+    stop the run politely (``cnn.interrupt``): after the current request of steps, the checkpoint of
+    that point is written and TrainingStopped raised (see ``cnn.guard``).
     """
     config.check()
     net = stage.net if stage is not None else get_network(config.model)
+    with polite_stop() as stop, _locked(config, net) as lock:
+        return _train(config, net, data, stage, lock, stop)
+
+
+@contextlib.contextmanager
+def _locked(config: TrainConfig, net):
+    """The run's CheckpointLock, its path checked writable first; None without a checkpoint."""
     if not config.checkpoint:
-        return _train(config, net, data, stage)
+        yield None
+        return
     check_writable(config.checkpoint, "--checkpoint", checkpoint_bytes(net.num_params, config.dtype))
-    with CheckpointLock(config.checkpoint):
-        return _train(config, net, data, stage)
+    with CheckpointLock(config.checkpoint) as lock:
+        yield lock
 
 
-def _train(config: TrainConfig, net, data, stage) -> dict:
+def _train(config: TrainConfig, net, data, stage, lock, stop) -> dict:
     train_x, train_y, test_x, test_y = data if data is not None else load_dataset(config)
     if tuple(train_x.shape[1:]) != net.input_shape:
         raise ValueError(f"model {config.model} expects images {net.input_shape}, data has {train_x.shape[1:]}")
@@ -312,10 +188,11 @@ def _train(config: TrainConfig, net, data, stage) -> dict:
         stage = get_stage(config.stage)(net, np.dtype(config.dtype)).init(config.init, config.seed)
     rng = np.random.default_rng(config.seed)
     history, start_epoch, start_batch = _new_history(config, net.num_params), 0, 0
-    resumed = _resume(config, net, stage, rng) if config.resume else None
+    resumed = _resume(config, net, stage, rng, steps_per_epoch) if config.resume else None
     if resumed is not None:
         history, start_epoch, start_batch = resumed
-    guard = Guard(config, history, len(test_x), last=(start_epoch, start_batch) if resumed else None)
+    guard = Guard(config, history, len(test_x), net.num_classes, last=(start_epoch, start_batch) if resumed else None,
+                  lock=lock, stop=stop)
 
     stage.load_dataset(train_x, train_y, test_x, test_y)
     with np.errstate(all="ignore"):                 # overflow is the guard's to report, in one line
@@ -328,7 +205,7 @@ def _train(config: TrainConfig, net, data, stage) -> dict:
                          guard)
             start_batch = 0
             accuracy, loss = evaluate_loaded(stage, len(test_x))
-            guard.check(loss, "the test loss", epoch, steps_per_epoch - 1, lrs[-1])
+            guard.check_test_loss(loss, epoch, steps_per_epoch - 1, lrs[-1])
             history["epochs"].append({"epoch": epoch + 1, "test_accuracy": accuracy, "test_loss": loss,
                                       "train_seconds": history["train_seconds"],
                                       "step": (epoch + 1) * steps_per_epoch})
@@ -338,13 +215,17 @@ def _train(config: TrainConfig, net, data, stage) -> dict:
             if config.checkpoint:
                 guard.checkpoint(stage, (epoch + 1, 0), rng.bit_generator.state, epoch, steps_per_epoch - 1, lrs[-1],
                                  test_loss=loss)
+            if epoch + 1 < config.epochs:           # after the last epoch there is nothing left to stop
+                guard.stop_if_asked(stage, (epoch + 1, 0), rng.bit_generator.state, epoch, steps_per_epoch - 1,
+                                    lrs[-1])
     history["final_test_accuracy"] = history["epochs"][-1]["test_accuracy"] if history["epochs"] else None
     return history
 
 
-def _resume(config: TrainConfig, net, stage, rng) -> tuple[dict, int, int] | None:
+def _resume(config: TrainConfig, net, stage, rng, steps_per_epoch: int) -> tuple[dict, int, int] | None:
     """Load ``config.checkpoint`` into the stage and the generator: (history, epoch, batch); None if
-    there is no checkpoint yet. Says which, in one line."""
+    there is no checkpoint yet. Says which, in one line. (Batch ``steps_per_epoch`` is allowed: a run
+    stopped after an epoch's last step, before its evaluation.)"""
     path = Path(config.checkpoint)
     if not path.exists():
         print(f"no checkpoint at {path} yet: starting from the beginning", flush=True)
@@ -359,6 +240,9 @@ def _resume(config: TrainConfig, net, stage, rng) -> tuple[dict, int, int] | Non
     stage.set_momentum(saved["momentum"])
     rng.bit_generator.state = saved["rng_state"]
     epoch, batch = saved["epoch"], batch_to_resume_at(saved, config.batch_size, path)
+    if batch > steps_per_epoch:
+        raise ValueError(f"{path}: resumes at {resume_point(epoch, batch)}, but an epoch here has {steps_per_epoch} "
+                         f"batches of {config.batch_size}; resume it with the data and --batch-size it was written with")
     if epoch >= config.epochs:
         print(f"{path} has finished all {epoch} epochs: nothing left to train (raise --epochs to go on)", flush=True)
     else:
@@ -414,7 +298,7 @@ def _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, test_count,
             if config.eval_every and step_after % config.eval_every == 0:
                 subset = min(config.eval_subset, test_count)
                 accuracy, test_loss = evaluate_loaded(stage, subset)
-                guard.check(test_loss, "the test loss", epoch, end - 1, lr)
+                guard.check_test_loss(test_loss, epoch, end - 1, lr)
                 history["evals"].append([step_after, accuracy, test_loss, history["train_seconds"]])
                 last_accuracy = accuracy
             shown_accuracy = "n/a" if math.isnan(last_accuracy) else f"{last_accuracy:.2%}"   # none measured yet
@@ -424,6 +308,7 @@ def _train_epoch(config, stage, epoch, start_batch, steps_per_epoch, test_count,
             if (config.checkpoint and config.checkpoint_every and step_after % config.checkpoint_every == 0
                     and end < steps_per_epoch):
                 guard.checkpoint(stage, (epoch, end), epoch_rng_state, epoch, end - 1, lr, test_loss)
+            guard.stop_if_asked(stage, (epoch, end), epoch_rng_state, epoch, end - 1, lr)
             batch = end
     finally:
         bar.close()

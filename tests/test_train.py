@@ -45,8 +45,11 @@ def test_lr_schedules():
 
 
 @pytest.mark.parametrize("setting,message", [
-    (dict(epochs=0), "epochs must be positive"),
+    (dict(epochs=0), "epochs must be > 0"),
     (dict(momentum=1.5), "momentum must be in"),
+    (dict(gamma=float("nan")), "gamma is nan, not finite"),
+    (dict(seed=2**40), r"seed must be in \[0, 4294967295\]"),
+    (dict(batch_size="64"), "batch-size must be an integer > 0, got '64'"),
     (dict(schedule="cosine"), "unknown schedule"),
     (dict(model="vgg"), "unknown model"),
     (dict(resume=True), "resume needs a checkpoint"),

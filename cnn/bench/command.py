@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from cnn.argtypes import count, positive_float, positive_int
+from cnn.argtypes import count, positive_float, positive_int, seed
 from cnn.bench.compare import cmd_compare, cmd_curves
 from cnn.bench.demo import DEMO_DIR, cmd_demo
 from cnn.bench.measure import SIMULATOR_REFUSAL, simulator_on
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--warmup", type=positive_int, default=3, help="untimed steps first (JIT compilation, caches)")
     add("--min-steps", type=positive_int, default=3, help="timed steps even when a stage exceeds --budget")
     add("--budget", type=positive_float, default=30.0, help="seconds per stage before steps are cut")
-    add("--seed", type=int, default=0)
+    add("--seed", type=seed, default=0)
     add("--reference", choices=("auto", "none"), default="auto",
         help="auto: PyTorch rows when torch is importable (pip install -e '.[bench]')")
     add("--out", default=None,

@@ -99,9 +99,9 @@ def build_parser() -> RankZeroParser:
     strategy.add_argument("--reduced", action="store_true",
                           help="the network's narrow copy on the images' centre (GPU ranks in the CUDA simulator)")
     hooks = parser.add_argument_group("fault injection (tests)")
-    hooks.add_argument("--kill-rank", type=int, default=None, help="this rank exits abruptly ...")
+    hooks.add_argument("--kill-rank", type=count, default=None, help="this rank exits abruptly ...")
     hooks.add_argument("--kill-at-step", type=count, default=None, help="... at this step")
-    hooks.add_argument("--slow-rank", type=int, default=None, help="this rank computes --slow-down times slower")
+    hooks.add_argument("--slow-rank", type=count, default=None, help="this rank computes --slow-down times slower")
     hooks.add_argument("--slow-down", type=positive_float, default=3.0)
     return parser
 
