@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench train notebooks docs assignments clean
+.PHONY: demo test bench train notebooks docs site assignments clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +40,17 @@ train: $(VENV)/.installed-core
 notebooks: $(VENV)/.installed-dev
 	$(PY) notebooks/execute.py
 
-# Update the generated blocks of README.md, docs/profiling.md and the stage docstrings from benchmarks/results/.
+# The headline picture, then the generated blocks of README.md, docs/benchmarks.md, docs/profiling.md and the
+# stage docstrings, from the quiet files of benchmarks/results/ (the files left out are named).
 docs: $(VENV)/.installed-core
+	$(PY) -m cnn bench --headline
 	$(PY) -m cnn bench --update-readme
 	$(PY) -m cnn bench --update-docs
+
+# The course website in results/site/ (open results/site/index.html): README, docs/ and the tutorial
+# notebooks with their stored outputs, not re-executed (site/conf.py). Equations: apt-get install libjs-mathjax.
+site: $(VENV)/.installed-dev
+	$(PY) -m sphinx -b html -c site -q . results/site
 
 # The student release (solutions removed) of every assignment, into assignments/release/.
 # nbgrader shells out to alembic when it creates the gradebook, hence the PATH.
