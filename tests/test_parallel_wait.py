@@ -1,12 +1,14 @@
-"""``World.wait`` waits at MPI's own speed while the peers are alive, and still gives up on a dead one.
+"""``World.wait`` waits at MPI's speed while the peers answer quickly, frees its core while they do
+not, and still gives up on a dead one.
 
-Both are checked inside one two-rank job: the same LeNet-5-sized allreduce is timed alternately
-through ``World.wait`` (a nonblocking ``Iallreduce`` waited on with a deadline) and through MPI's
-blocking ``Allreduce``, so whatever else the machine is doing slows both the same way; the test
-compares their medians with a generous margin, and counts the calls to ``time.sleep`` made while
-waiting: none (the first version slept between tests, 10 µs doubling to 1 ms, and took 20-70 times
-MPI's time on an idle 16-core host). Then rank 1 stays silent and rank 0's wait must end with
-``PeerLost`` after its timeout.
+- ``wait_until``'s schedule, on a clock the test drives (no real time): it spins (no nap) for
+  ``SPIN_SECONDS``, then naps 20 µs doubling to 1 ms, never past the deadline.
+- In one two-rank job: the same LeNet-5-sized allreduce waited through ``World.wait`` and through
+  ``MPI_Wait``, alternately, equal sums, medians within a generous margin (whatever else the
+  machine does slows both alike); then rank 1 is a straggler (it sleeps 1.5 s before joining) and
+  rank 0, waiting for it, must use under a quarter of that time in CPU (it naps; the goal in
+  docs/distributed.md is 20 %, measured at about 2 %); then rank 1 stays silent and rank 0's wait
+  must end with ``PeerLost`` after its timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +27,47 @@ try:
 except FileNotFoundError:
     MPIEXEC = None
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not installed")]
+
+class FakeClock:
+    """``time.monotonic`` and ``time.sleep`` of a clock that moves only when told: by ``tick`` seconds a
+    call to monotonic (the cost of a test), by the nap itself on sleep."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick, self.naps = 0.0, tick, []
+
+    def monotonic(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.naps.append(seconds)
+        self.now += seconds
+
+
+def test_wait_until_spins_first_then_naps_up_to_a_millisecond(monkeypatch):
+    from cnn.parallel import world
+
+    clock = FakeClock(tick=1e-6)
+    monkeypatch.setattr(world.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(world.time, "sleep", clock.sleep)
+    monkeypatch.setattr(world.os, "sched_yield", lambda: None)
+    # done within the spin: not one nap
+    calls = []
+    assert world.wait_until(lambda: calls.append(1) or len(calls) > 1000, 10.0)
+    assert clock.naps == [] and clock.now < world.SPIN_SECONDS
+    # a long wait: spin, then naps doubling from 20 µs to 1 ms, until the condition holds at 0.5 s
+    clock.now, ready_at = 0.0, 0.5
+    assert world.wait_until(lambda: clock.now >= ready_at, 10.0)
+    assert clock.naps[0] == pytest.approx(world.FIRST_NAP) and max(clock.naps) == pytest.approx(world.LONGEST_NAP)
+    assert all(b == pytest.approx(min(2 * a, world.LONGEST_NAP)) for a, b in zip(clock.naps, clock.naps[1:]))
+    assert ready_at <= clock.now < ready_at + world.LONGEST_NAP + 1e-3     # woken within one nap
+    spun = clock.now - sum(clock.naps)
+    assert spun >= world.SPIN_SECONDS                                        # the spin came first
+    # never past the deadline
+    clock.now = 0.0
+    assert not world.wait_until(lambda: False, 0.2)
+    assert 0.2 <= clock.now < 0.2 + 1e-3
+
 
 SCRIPT = """
 import time
@@ -34,27 +76,36 @@ from mpi4py import MPI
 from cnn.model import get_network
 from cnn.parallel.world import PeerLost, World
 
-sleeps, real_sleep = [], time.sleep
-time.sleep = lambda seconds: (sleeps.append(seconds), real_sleep(seconds))
-
 world = World(MPI.COMM_WORLD, timeout=30)
 comm = world.comm
 vector = np.random.default_rng(world.rank).standard_normal(get_network("lenet5").num_params + 1).astype(np.float32)
-total = np.empty_like(vector)
-blocking, waited = [], []
-for repeat in range(300):
+expected = np.empty_like(vector)
+comm.Allreduce(vector, expected, op=MPI.SUM)
+mpi_wait, waited = [], []
+for repeat in range(200):
+    total = np.empty_like(vector)
     comm.Barrier()
     started = time.perf_counter()
-    comm.Allreduce(vector, total, op=MPI.SUM)
-    blocking.append(time.perf_counter() - started)
+    comm.Iallreduce(vector, total, op=MPI.SUM).Wait()
+    mpi_wait.append(time.perf_counter() - started)
+    assert np.array_equal(total, expected)
     comm.Barrier()
     started = time.perf_counter()
-    waited_total = world.allreduce_sum(vector, "allreduce")
+    total = world.allreduce_sum(vector, "allreduce")
     waited.append(time.perf_counter() - started)
-    assert np.array_equal(waited_total, total)
+    assert np.array_equal(total, expected)
 if world.rank == 0:
-    print(f"blocking {np.median(blocking) * 1e6:.1f} us, World.wait {np.median(waited) * 1e6:.1f} us", flush=True)
-print(f"rank {world.rank} slept {len(sleeps)} times while waiting", flush=True)
+    print(f"MPI_Wait {np.median(mpi_wait) * 1e6:.1f} us, World.wait {np.median(waited) * 1e6:.1f} us", flush=True)
+
+# a straggler: rank 1 joins 1.5 s late; rank 0 waits, napping
+comm.Barrier()
+if world.rank == 1:
+    time.sleep(1.5)
+cpu, wall = time.process_time(), time.perf_counter()
+world.allreduce_sum(vector, "allreduce with a straggler")
+cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+if world.rank == 0:
+    print(f"waiting for the straggler: {cpu:.3f} s of CPU in {wall:.3f} s", flush=True)
 
 # a silent peer: rank 0 must give up after its timeout
 comm.Barrier()
@@ -67,23 +118,25 @@ if world.rank == 0:
         print("no PeerLost")
     except PeerLost as lost:
         print(f"PeerLost after {time.perf_counter() - started:.2f} s: {lost} {lost.ranks}")
-    request.Cancel()
-    request.Wait()
+    quick.cancel(request, "test receive")
 comm.Barrier()
 """
 
 
-def test_world_wait_is_as_fast_as_mpi_and_keeps_its_deadline():
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not installed")
+def test_world_wait_is_as_fast_as_mpi_frees_the_core_and_keeps_its_deadline():
     argv = [MPIEXEC, *launch.launcher_flags(MPIEXEC, 2, fault_tolerant=False), "-n", "2", sys.executable,
             "-m", "mpi4py", "-c", SCRIPT]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=launch.environment())
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert sorted(line for line in lines if "slept" in line) == [f"rank {r} slept 0 times while waiting" for r in (0, 1)]
-    timing = next(line for line in lines if line.startswith("blocking"))
-    blocking, waited = (float(part.split()[-2]) for part in timing.split(","))
-    # the margin leaves room for a loaded machine
-    assert waited <= 3 * blocking + 50, timing
+    timing = next(line for line in lines if line.startswith("MPI_Wait"))
+    mpi_wait, waited = (float(part.split()[-2]) for part in timing.split(","))
+    assert waited <= 2 * mpi_wait + 100, timing          # medians of 200 alternating; the margin is for load
+    straggler = next(line for line in lines if line.startswith("waiting for the straggler"))
+    cpu, wall = float(straggler.split()[4]), float(straggler.split()[-2])
+    assert wall >= 1.4 and cpu < 0.25 * wall, straggler
     lost = next(line for line in lines if "PeerLost" in line)
     assert lost.startswith("PeerLost after"), lost
     seconds = float(lost.split()[2])

@@ -138,6 +138,7 @@ def run_strategy(args, options, hooks) -> int:
     from cnn.train import TrainingDiverged
 
     world = World(MPI.COMM_WORLD, options.peer_timeout, hooks, quiet=not args.progress)
+    world.listen_for_roll_calls()
     module = importlib.import_module(STRATEGIES[options.strategy])
     workers, roles = module.layout(world.size, options)
     if args.lr_scale is None:
@@ -158,7 +159,7 @@ def run_strategy(args, options, hooks) -> int:
     status = "completed" if not world.lost else "completed without rank(s) " + ", ".join(map(str, sorted(world.lost)))
     summary = run.report(status=status, **extra)
     learned = summary is None or summary["status"].startswith("completed")
-    return world.leave(0 if learned else EXIT_FAILED)
+    return world.leave(0 if learned and not world.lost else EXIT_FAILED)
 
 
 def main(argv=None) -> int:

@@ -257,7 +257,7 @@ class Run:
         """A peer was lost and this strategy cannot go on without it: roll call, the lowest survivor
         checkpoints what it holds (or names the checkpoint to resume from), stop with a message."""
         self.world.warn(str(lost))
-        survivors = self.world.survivors()
+        survivors = self.world.survivors(lost.ranks)
         writer = survivors[0]
         missing = ", ".join(map(str, sorted(self.world.lost))) or "none found"
         message = (f"{self.options.strategy} stopped at step {self.completed_steps + 1}: rank(s) {missing} lost "
@@ -265,7 +265,7 @@ class Run:
         if self.rank == writer:
             message += "; " + self._rescue()
             self.world.warn(f"cnn.parallel: {message}")
-        self.report(status="stopped", message=message, reporter=writer)
+        self.report(status="stopped", message=message, reporter=writer, patience=1.0)
         return 1
 
     def _rescue(self) -> str:
@@ -281,11 +281,12 @@ class Run:
 
     def report(self, status: str = "completed", message: str = "", extra: dict | None = None,
                rank_extra: dict | None = None, reporter: int = 0, final_accuracy: float | None = None,
-               final_loss: float | None = None) -> dict | None:
-        """Gather every rank's timings to ``reporter``, which prints the breakdown and writes the summary."""
+               final_loss: float | None = None, patience: float = 10.0) -> dict | None:
+        """Gather every rank's timings to ``reporter`` (waiting ``patience`` timeouts at most), which
+        prints the breakdown and writes the summary."""
         mine = {"role": self.roles.get(self.rank, "worker"), "breakdown": self.timer.mean(),
                 "steps": len(self.timer.steps), "events": self.timer.events, **(rank_extra or {})}
-        ranks = self.world.gather_objects(mine, root=reporter)
+        ranks = self.world.gather_objects(mine, root=reporter, patience=patience)
         if ranks is None:
             return None
         summary = self._summary(ranks, status, message, extra or {}, final_accuracy, final_loss)

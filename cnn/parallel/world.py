@@ -5,13 +5,18 @@ call in this package blocks: every message is a nonblocking request (``Isend``, 
 ``Ibcast``, ``Iallreduce``), and ``World.wait`` tests it until it completes or ``timeout`` seconds
 pass, then raises ``PeerLost`` saying what it was waiting for.
 
-Between two tests the waiting rank does not sleep: it spins, as MPI's own ``MPI_Wait`` does. A
-nonblocking collective moves on only while its ranks are inside an MPI call, so every microsecond a
-rank sleeps is added to the exchange: the first version slept between tests (10 µs doubling to
-1 ms) and made a LeNet-5 allreduce 20-70 times slower than MPI's blocking one on an idle 16-core
-host. Where the job has more ranks on this node than there are cores, the spinning rank gives its
-core away with ``sched_yield`` between tests (Open MPI's ``mpi_yield_when_idle``), so that the
-ranks that compute get it. ``tests/test_parallel_wait.py`` times both ways in one job.
+How a rank waits (``wait_until``): it first *spins* on MPI's test for ``SPIN_SECONDS``, as MPI's own
+``MPI_Wait`` does, then *naps* between tests — 20 µs, doubling up to ``LONGEST_NAP`` (1 ms). A
+nonblocking collective moves on only while its ranks are inside an MPI call, so a rank that naps
+during a short exchange adds its nap to it: the first version napped from the start and made a
+LeNet-5 allreduce 20-70 times slower than MPI's blocking one on an idle 16-core host. Spinning
+first keeps an exchange that takes less than the spin (the allreduce of a LeNet-5 gradient takes
+a tenth of a millisecond) exactly as fast as ``MPI_Wait``; napping afterwards frees the core during
+a long wait — for a slow peer, a straggler — at a cost of at most one nap (1 ms) when it ends.
+Where the job has more ranks on this node than there are cores, the spinning rank also gives its
+core away with ``sched_yield`` between tests (Open MPI's ``mpi_yield_when_idle``).
+``tests/test_parallel_wait.py`` checks both halves in one job; ``benchmarks/parallel_cost_model.py``
+measures the wake-up against ``MPI_Wait`` and the waiting rank's CPU time.
 
 What happens to the survivors when a rank dies is the launcher's choice:
 
@@ -22,11 +27,17 @@ What happens to the survivors when a rank dies is the launcher's choice:
   carry on without the lost worker (Downpour, Sandblaster) or stop cleanly, writing a checkpoint
   of the last completed step where they hold the whole state, else naming the last periodic one.
   ``cnn.parallel.launch`` adds this option where the MPI has it (not Open MPI 4.1).
+
+A stop costs about one timeout, not three: the first survivor whose deadline passes starts a *roll
+call* — it sends a token to every other rank — and every rank that is waiting for anything also
+listens for those tokens, so the others join at once instead of each waiting out a timeout of its
+own; the roll call then waits for the ranks nobody suspects a little longer than for the ones
+someone found silent (``survivors``). After a loss the survivors leave without ``MPI_Finalize``,
+which can hang on a message the dead rank left half-way (``leave``).
 """
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import signal
@@ -39,20 +50,31 @@ from mpi4py import MPI
 
 from cnn.parallel.launch import usable_cores
 
-TAG_ALIVE, TAG_SUMMARY = 9001, 9002   # reserved; strategies use tags below 100
+TAG_ALIVE, TAG_SUMMARY, TAG_DONE = 9001, 9002, 9004   # reserved; strategies use tags below 100 (resume: 9003)
+SPIN_SECONDS = 0.005       # spin this long before napping: longer than an exchange that is not waiting for anyone
+FIRST_NAP, LONGEST_NAP = 20e-6, 1e-3
+ROLL_CALL_PATIENCE = 0.5   # × timeout: how long a roll call waits for a rank that does not answer
+SUSPECT_GRACE = 0.1        # × timeout: ... and for a rank that some survivor already found silent
 
 
-def spin_until(condition, seconds: float, yield_core: bool = True) -> bool:
-    """Call ``condition()`` until it is true (True) or ``seconds`` have passed (False), never
-    sleeping; with ``yield_core`` the core goes to any other process that is ready between calls."""
+def wait_until(condition, seconds: float, yield_core: bool = True, spin: float = SPIN_SECONDS) -> bool:
+    """Call ``condition()`` until it is true (True) or ``seconds`` have passed (False): spinning for
+    ``spin`` seconds (giving the core to any other ready process between calls, with ``yield_core``),
+    then napping between calls, 20 µs doubling to 1 ms."""
     if condition():
         return True
-    deadline = time.monotonic() + seconds
+    now = started = time.monotonic()
+    deadline, nap = started + seconds, FIRST_NAP
     while not condition():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             return False
-        if yield_core:
-            os.sched_yield()
+        if now - started < spin:
+            if yield_core:
+                os.sched_yield()
+        else:
+            time.sleep(min(nap, max(0.0, deadline - now)))
+            nap = min(2 * nap, LONGEST_NAP)
     return True
 
 
@@ -65,7 +87,8 @@ def ranks_on_this_node(size: int) -> int:
 
 
 class PeerLost(RuntimeError):
-    """A peer did not answer within the deadline; the message says who and what was awaited."""
+    """A peer did not answer within the deadline, or another rank started a roll call after losing
+    one; the message says who and what was awaited, ``ranks`` the ranks suspected."""
 
     def __init__(self, message: str, ranks=()):
         super().__init__(message)
@@ -92,7 +115,11 @@ class World:
         self.hooks = hooks or FaultHooks()
         self.quiet = quiet
         self.lost: set[int] = set()
+        self.suspects: set[int] = set()          # ranks some survivor found silent (they may still be alive)
         self.oversubscribed = ranks_on_this_node(self.size) > usable_cores()
+        self.reporter = 0                         # the rank that gathers the summary (the writer after a loss)
+        self._roll_call = None                    # the receive that hears a roll call started elsewhere
+        self._roll_call_token = np.zeros(self.size + 1, np.int64)
 
     # -- logging: rank 0 speaks, the others stay quiet ------------------------------------------
     def log(self, message: str) -> None:
@@ -104,15 +131,48 @@ class World:
         print(message, file=sys.stderr, flush=True)
 
     # -- waiting with a deadline ----------------------------------------------------------------
+    def listen_for_roll_calls(self) -> None:
+        """From now on every wait also hears a roll call that another survivor starts (``survivors``),
+        and ends with ``PeerLost`` at once instead of waiting out its own timeout."""
+        if self._roll_call is None and self.size > 1:
+            self._roll_call = self.comm.Irecv(self._roll_call_token, source=MPI.ANY_SOURCE, tag=TAG_ALIVE)
+
+    def _heard_roll_call(self) -> bool:
+        return self._roll_call is not None and self._roll_call.Test()
+
+    def _roll_call_started(self) -> PeerLost:
+        caller = int(self._roll_call_token[0])
+        suspects = [r for r in range(self.size) if self._roll_call_token[1 + r]]
+        self.suspects.update(suspects)
+        who = f" (rank{'s' if len(suspects) > 1 else ''} {', '.join(map(str, suspects))} silent)" if suspects else ""
+        return PeerLost(f"rank {self.rank}: rank {caller} started a roll call{who}", suspects)
+
+    def _until(self, condition, seconds: float) -> bool:
+        """``wait_until(condition)``, ending with PeerLost as soon as a roll call is heard."""
+        heard = []
+
+        def done_or_roll_call() -> bool:
+            if condition():
+                return True
+            if self._heard_roll_call():
+                heard.append(True)
+                return True
+            return False
+
+        finished = wait_until(done_or_roll_call, seconds, self.oversubscribed)
+        if heard:
+            raise self._roll_call_started()
+        return finished
+
     def wait(self, requests, what: str, peers=(), patience: float = 1.0) -> None:
-        """Spin until every request completes; raise PeerLost after ``patience`` × ``timeout`` seconds.
+        """Wait until every request completes; raise PeerLost after ``patience`` × ``timeout`` seconds.
 
         ``peers``: the rank each request talks to (one per request), or the ranks involved; on a
         timeout the message names the peers whose requests are still pending.
         """
         requests, peers = list(requests), list(peers)
         limit = patience * self.timeout
-        if spin_until(lambda: MPI.Request.Testall(requests), limit, self.oversubscribed):
+        if self._until(lambda: MPI.Request.Testall(requests), limit):
             return
         if len(peers) == len(requests):
             peers = [peer for peer, request in zip(peers, requests) if not request.Test()]
@@ -130,7 +190,15 @@ class World:
                 found.append(index)
             return bool(found)
 
-        return found[0] if spin_until(one_done, patience, self.oversubscribed) else None
+        return found[0] if self._until(one_done, patience) else None
+
+    def cancel(self, request, what: str) -> None:
+        """Cancel a receive from a lost peer and complete it, as MPI requires (a cancelled request
+        still has to be waited on). A receive the peer had half-filled cannot be cancelled: it is
+        given up after a second, with a line."""
+        request.Cancel()
+        if not wait_until(request.Test, 1.0, self.oversubscribed):
+            self.warn(f"rank {self.rank}: could not cancel the {what} (a message was half-way)")
 
     # -- the two collectives of Horovod's recipe, bounded by the deadline -----------------------
     def broadcast(self, array: np.ndarray, what: str, root: int = 0, patience: float = 1.0) -> np.ndarray:
@@ -138,12 +206,13 @@ class World:
         self.wait([self.comm.Ibcast(array, root=root)], what, peers=(root,) if self.rank != root else (), patience=patience)
         return array
 
-    def broadcast_object(self, value, what: str, root: int = 0):
+    def broadcast_object(self, value, what: str, root: int = 0, patience: float = 1.0):
         """Root's ``value`` (anything JSON holds) on every rank: its length, then its bytes."""
         data = np.frombuffer(json.dumps(value).encode(), np.uint8) if self.rank == root else None
-        length = self.broadcast(np.array([len(data) if data is not None else 0], np.int64), f"{what} (length)", root)
+        length = self.broadcast(np.array([len(data) if data is not None else 0], np.int64), f"{what} (length)", root,
+                                patience)
         buffer = data.copy() if data is not None else np.empty(int(length[0]), np.uint8)
-        return json.loads(self.broadcast(buffer, what, root).tobytes().decode())
+        return json.loads(self.broadcast(buffer, what, root, patience).tobytes().decode())
 
     def allreduce_sum(self, array: np.ndarray, what: str, in_place: bool = False) -> np.ndarray:
         """The element-wise sum of every rank's ``array``: a new array, or ``array`` itself overwritten."""
@@ -172,32 +241,63 @@ class World:
             time.sleep((self.hooks.slow_down - 1) * compute_seconds)
 
     # -- after a failure ------------------------------------------------------------------------
-    def survivors(self) -> list[int]:
-        """Ranks that answer a roll call within the timeout; every survivor calls this after PeerLost.
+    def survivors(self, suspects=()) -> list[int]:
+        """The ranks that answer a roll call; every survivor calls this after PeerLost.
 
-        Each survivor sends its rank to every other rank and listens for theirs, for two timeouts:
-        a survivor may notice the loss one timeout after another (it was waiting on the one that
-        noticed first). Agreeing on who is alive is itself a distributed problem; ULFM's
-        MPI_Comm_agree solves it properly, this roll call is enough when the survivors reach it
-        within two timeouts of each other.
+        Each survivor sends a token — its rank and the ranks it found silent — to every other rank
+        and listens for theirs. The first token a waiting rank receives ends its wait at once
+        (``listen_for_roll_calls``), so the survivors meet within moments of the first one noticing.
+        The roll call waits for every rank at most ``ROLL_CALL_PATIENCE`` timeouts, and for a rank
+        that some survivor found silent only ``SUSPECT_GRACE`` of one: a suspect that is alive is
+        waiting too and answers at once. (Agreeing on who is alive is itself a distributed problem;
+        ULFM's MPI_Comm_agree solves it properly. This roll call is enough when every live rank
+        enters a wait within half a timeout of the first notice, i.e. when the timeout is well above
+        a step's compute.)
         """
+        self.suspects.update(suspects)
         others = [r for r in range(self.size) if r != self.rank and r not in self.lost]
-        token = np.array([self.rank], dtype=np.int64)
-        for other in others:
-            self.comm.Isend(token, dest=other, tag=TAG_ALIVE)     # never waited on: the peer may be dead
-        inbox = {other: np.empty(1, np.int64) for other in others}
-        pending = {other: self.comm.Irecv(inbox[other], source=other, tag=TAG_ALIVE) for other in others}
         answered = {self.rank}
+        inbox = {}
+        if self._roll_call is not None:            # the token that woke us, or one that came meanwhile
+            if self._roll_call.Test() or self._stop_listening():
+                answered.add(int(self._roll_call_token[0]))
+                self.suspects.update(r for r in range(self.size) if self._roll_call_token[1 + r])
+            self._roll_call = None
+        token = np.zeros(self.size + 1, np.int64)
+        token[0] = self.rank
+        token[1 + np.array(sorted(self.suspects), dtype=np.int64)] = 1
+        sends = {other: self.comm.Isend(token, dest=other, tag=TAG_ALIVE) for other in others}
+        pending = {}
+        for other in others:
+            if other not in answered:
+                inbox[other] = np.zeros(self.size + 1, np.int64)
+                pending[other] = self.comm.Irecv(inbox[other], source=other, tag=TAG_ALIVE)
+        started = time.monotonic()
 
-        def everyone_answered() -> bool:
+        def settled() -> bool:
             for other in [r for r, request in pending.items() if request.Test()]:
                 answered.add(other)
+                self.suspects.update(r for r in range(self.size) if inbox[other][1 + r])
                 del pending[other]
-            return not pending
+            late = time.monotonic() - started > SUSPECT_GRACE * self.timeout
+            return not pending or (late and all(r in self.suspects for r in pending))
 
-        spin_until(everyone_answered, 2 * self.timeout)
+        wait_until(settled, ROLL_CALL_PATIENCE * self.timeout, self.oversubscribed)
+        for other, request in pending.items():
+            self.cancel(request, f"roll-call token of rank {other}")
         self.lost.update(pending)
-        return sorted(answered)
+        wait_until(lambda: all(sends[r].Test() for r in answered if r in sends), 1.0, self.oversubscribed)
+        return sorted(answered - self.lost)
+
+    def _stop_listening(self) -> bool:
+        """Cancel the roll-call listener; True (and the token in ``_roll_call_token``) if it had
+        received one meanwhile."""
+        if self._roll_call == MPI.REQUEST_NULL:    # completed already: a token was received
+            return True
+        self._roll_call.Cancel()
+        status = MPI.Status()
+        wait_until(lambda: self._roll_call.Test(status), 1.0, self.oversubscribed)
+        return not status.Is_cancelled()
 
     def gather_objects(self, value, root: int = 0, patience: float = 10.0) -> dict[int, object] | None:
         """Root gets {rank: value} from every rank that is not lost and answers in time; others get None.
@@ -205,6 +305,7 @@ class World:
         Ranks finish at different times (an asynchronous server still serves the slower workers),
         so this waits ``patience`` timeouts.
         """
+        self.reporter = root
         if self.rank != root:
             request = self.comm.isend(value, dest=root, tag=TAG_SUMMARY)
             if self.poll_any([request], patience * self.timeout) is None:
@@ -221,24 +322,35 @@ class World:
                     waiting.remove(other)
             return not waiting
 
-        spin_until(everyone_reported, patience * self.timeout)
+        wait_until(everyone_reported, patience * self.timeout, self.oversubscribed)
         self.lost.update(waiting)
         return values
 
     def leave(self, code: int) -> int:
-        """The exit code, output flushed. The survivors of a loss still leave through MPI_Finalize:
-        with ``--runtime-options recoverable`` Open MPI finalizes without the dead rank, whereas a
-        survivor that skipped it would count as one more abnormal exit and end the job for the
-        others before they are done.
+        """The exit code, output flushed.
 
-        Finalize can still hang when the dead rank was half-way through a message (a receive
-        already matched to data that will never come). After a loss a watchdog therefore ends the
-        process if leaving takes longer than the timeout: ``faulthandler``'s timer runs in its own
-        C thread, so it fires even while MPI_Finalize holds the interpreter. Everything has been
-        written by then.
+        Without a loss: the roll-call listener is cancelled and the caller goes on to MPI_Finalize.
+        After a loss the survivors do not finalize: MPI_Finalize can hang when the dead rank was
+        half-way through a message (a rank that printed its stop message stayed alive for minutes).
+        Instead the rank that wrote the summary tells the others it is done, and every survivor
+        ends its process at once with ``code`` — after the writer, so that the runtime never ends
+        the job under it while it writes.
         """
+        if not self.lost:
+            if self._roll_call is not None:
+                self._stop_listening()
+                self._roll_call = None
+            sys.stdout.flush()
+            sys.stderr.flush()
+            return code
+        done = np.zeros(1, np.int64)
+        if self.rank == self.reporter:
+            others = [r for r in range(self.size) if r != self.rank and r not in self.lost]
+            sends = [self.comm.Isend(done, dest=r, tag=TAG_DONE) for r in others]
+            wait_until(lambda: MPI.Request.Testall(sends), 1.0, self.oversubscribed)
+        elif self.reporter not in self.lost:
+            request = self.comm.Irecv(done, source=self.reporter, tag=TAG_DONE)
+            wait_until(request.Test, self.timeout, self.oversubscribed)
         sys.stdout.flush()
         sys.stderr.flush()
-        if self.lost:
-            faulthandler.dump_traceback_later(2 * self.timeout + 3, exit=True, file=open(os.devnull, "w"))
-        return code
+        os._exit(code)
