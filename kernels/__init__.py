@@ -35,6 +35,13 @@ Stage 7's tiled products and device-resident epoch (issue 14):
     device_epoch    a whole epoch on the device: gather by a step counter, scheduled SGD, loss log
     step_graph      one training step captured as a CUDA graph and replayed (eager in the simulator)
 
+Stage 8's fused training step (issue 21), three kernels a step:
+
+    fused_net_table   the network as an int32 layer table, and the block's shared-memory plan
+    fused_net_layers  each kind of table row as device functions on one block's shared memory
+    fused_net_step    one kernel: gather, forward, loss and backward of a group of samples per block
+    fused_net_sum_sgd the groups' weight gradients summed in a fixed order, fused with the SGD step
+
 Stage 3's CPU loops, compiled with ``numba.njit``, live apart in ``kernels/cpu/`` (its own docstring).
 
 Each module pairs its ``@cuda.jit`` kernels with plain functions that pick the launch

@@ -22,12 +22,17 @@ from kernels.launch import grid_1d, launch
 
 
 @cuda.jit(device=True)
+def gathered_from(order, start, k, per_sample):
+    """(b, d, s): float k of the batch is element d of row b, copied from sample s = order[start + b]."""
+    b, d = k // per_sample, k % per_sample
+    return b, d, order[start + b]
+
+
+@cuda.jit(device=True)
 def gather_element(images, labels, order, start, k, batch_images, batch_labels):
     """Thread k's float of the batch: row b = k // D, element d = k mod D, from sample order[start + b]."""
     if k < batch_images.size:
-        per_sample = batch_images.shape[1]
-        b, d = k // per_sample, k % per_sample
-        source = order[start + b]
+        b, d, source = gathered_from(order, start, k, batch_images.shape[1])
         batch_images[b, d] = images[source, d]
         if d == 0:
             batch_labels[b] = labels[source]

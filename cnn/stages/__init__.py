@@ -27,11 +27,13 @@ REGISTRY: dict[str, str] = {
     "cuda-fused": "cnn.stages.s5_cuda_fused:CudaFusedStage",
     "cuda-ring": "cnn.stages.s6_cuda_ring:CudaRingStage",
     "cuda-tuned": "cnn.stages.s7_cuda_tuned:CudaTunedStage",
+    "cuda-fused-net": "cnn.stages.s8_cuda_fused_net:CudaFusedNetStage",
 }
 
 #: the notebook that teaches each CUDA stage, and shows what it measured on a real GPU
 NOTEBOOK_OF_STAGE = {"cuda": "notebooks/05_stage4_cuda.ipynb", "cuda-fused": "notebooks/06_stage5_fused.ipynb",
-                     "cuda-ring": "notebooks/07_stage6_ring.ipynb", "cuda-tuned": "notebooks/08_stage7_tuning.ipynb"}
+                     "cuda-ring": "notebooks/07_stage6_ring.ipynb", "cuda-tuned": "notebooks/08_stage7_tuning.ipynb",
+                     "cuda-fused-net": "notebooks/09_stage8_fused_net.ipynb"}
 
 #: the numpy the pinned numba-cuda (pyproject.toml: numba-cuda >=0.30,<0.31) can compile kernels with;
 #: pyproject.toml's cuda and dev extras carry the same pin (tests/test_cli.py checks that they agree)

@@ -32,6 +32,18 @@ from kernels.step_graph import StepGraph, graphs_supported
 INDEX = np.int32
 
 
+def resident_set(stage, images, labels, which: str):
+    """A labelled set checked against ``stage.net`` and copied to the device once: (float32 images, int32 labels)."""
+    images, labels = np.ascontiguousarray(images, dtype=np.float32), np.asarray(labels)
+    if images.ndim != 4 or images.shape[1:] != tuple(stage.net.input_shape):
+        expected = ", ".join(map(str, stage.net.input_shape))
+        raise ValueError(f"stage {stage.name!r}: the {which} images have shape {images.shape}, "
+                         f"network {stage.net.name!r} expects (N, {expected})")
+    if len(labels) and (labels.min() < 0 or labels.max() >= stage.net.num_classes):
+        raise ValueError(f"stage {stage.name!r}: the {which} labels must lie in [0, {stage.net.num_classes})")
+    return cuda.to_device(images), cuda.to_device(labels.astype(INDEX))
+
+
 class DeviceEpoch:
     """The device side of a running epoch, and the loop that queues (or replays) its steps."""
 

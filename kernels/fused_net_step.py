@@ -1,0 +1,161 @@
+"""Stage 8's first kernel: gather, forward, loss and backward of a group of samples, all in ONE block.
+
+Block g owns samples g·S … g·S + S − 1 of the batch (S = the table's SAMPLES; the last group may
+hold fewer). It walks the layer table (``kernels/fused_net_table.py``) with the device functions
+of ``kernels/fused_net_layers.py``, synchronising after each phase:
+
+    gather       its samples from the resident data set: row b of the batch is sample
+                 order[position·B + g·S + b] (``kernels/gather.py``'s rule), into shared memory
+    forward      row by row; every activation and pooling switch stays in shared memory
+    loss         one thread a sample: loss → row_loss[g·S + s], dL/dlogits into shared memory
+    backward     row by row in reverse; weight gradients → partials[g, :], activation gradients
+                 in shared memory (two buffers taking turns)
+
+Nothing but the losses and the block's row of weight-gradient partial sums is written to global
+memory; the weights are only read. ``kernels/fused_net_sum_sgd.py`` adds the rows up in a fixed
+order and takes the SGD step.
+
+With ``train`` = 0 the same kernel evaluates: forward and loss only, and for each sample its
+logits, its loss and whether its answer is right (``correct``) — ``predict`` and the test set.
+
+Shared memory is *dynamic*: its size (the table's WORDS) is given at launch, as the fourth item
+of the launch configuration. ``WithSharedMemory`` adds it to the stage's launcher, and on a GPU
+raises the kernel's limit above the 48 KiB a kernel gets without asking (AlexNet-small needs 196
+KiB) with ``cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)``, which numba-cuda does not wrap.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import float32, int32
+
+from kernels.device import cuda, simulated
+from kernels.fused_net_layers import (dense_backward, dense_forward, softmax_loss, window_backward_data,
+                                      window_backward_params_and_dz, window_forward)
+from kernels.fused_net_table import (DENSE, INPUT, INPUT_SIZE, K, KIND, LABELS, NEED_DX, OPS, OUT, POISON, SAMPLES,
+                                     WINDOW, WORDS)
+from kernels.gather import gathered_from
+from kernels.launch import launch
+
+THREADS = 256                    # a block; any count gives the same bits (each value is summed by one thread)
+DEFAULT_SHARED_LIMIT = 48 * 1024          # bytes a kernel gets without asking
+H100_SHARED_LIMIT = 227 * 1024            # the most one block may ask for on an H100 (sm_90)
+
+
+@cuda.jit(device=True)
+def load_samples(table, floats, ints, images, labels, order, start, n, t, threads):
+    """The block's n samples and labels into shared memory: float k is element d of sample order[start + b]."""
+    per_sample = table[0, INPUT_SIZE]
+    for k in range(t, n * per_sample, threads):
+        b, d, source = gathered_from(order, start, k, per_sample)
+        floats[table[0, INPUT] + k] = images[source, d]
+        if d == 0:
+            ints[table[0, LABELS] + b] = labels[source]
+
+
+@cuda.jit(device=True)
+def write_logits(op, floats, logits, first, s):
+    """Evaluation: sample s's logits (the last row's output) to row first + s of ``logits``."""
+    classes = logits.shape[1]
+    for k in range(classes):
+        logits[first + s, k] = floats[op[OUT] + s * classes + k]
+
+
+@cuda.jit
+def fused_net_step_kernel(table, params, images, labels, order, position, batch, train,
+                          partials, row_loss, logits, correct):
+    floats = cuda.shared.array(0, float32)
+    ints = cuda.shared.array(0, int32)
+    t, threads, group = cuda.threadIdx.x, cuda.blockDim.x, cuda.blockIdx.x
+    first = group * table[0, SAMPLES]
+    n = min(table[0, SAMPLES], batch - first)
+    if table[0, POISON] != 0:                 # tests: shared memory starts as NaN, so a read before a write shows
+        for k in range(t, table[0, WORDS], threads):
+            floats[k] = float32(math.nan)
+        cuda.syncthreads()
+    load_samples(table, floats, ints, images, labels, order, position[0] * batch + first, n, t, threads)
+    cuda.syncthreads()
+    rows = table[0, OPS]
+    for r in range(1, rows + 1):
+        op = table[r]
+        if op[KIND] == WINDOW:
+            window_forward(op, floats, ints, params, n, t, threads)
+        else:
+            dense_forward(op, floats, params, n, t, threads)
+        cuda.syncthreads()
+    if t < n:
+        loss, answer = softmax_loss(table[rows], floats, ints[table[0, LABELS] + t], t, batch, train)
+        row_loss[first + t] = loss
+        if train == 0:
+            correct[first + t] = float32(1.0) if answer == ints[table[0, LABELS] + t] else float32(0.0)
+            write_logits(table[rows], floats, logits, first, t)
+    if train == 0:
+        return
+    cuda.syncthreads()
+    for r in range(rows, 0, -1):
+        op = table[r]
+        if op[KIND] == DENSE:
+            dense_backward(op, floats, params, partials, group, n, t, threads)
+        else:
+            window_backward_params_and_dz(op, floats, ints, partials, group, n, t, threads)
+            if op[K] > 0 and op[NEED_DX] != 0:
+                cuda.syncthreads()
+                window_backward_data(op, floats, params, n, t, threads)
+        cuda.syncthreads()
+
+
+class WithSharedMemory:
+    """``kernel`` launched with ``nbytes`` of dynamic shared memory through any of the course's launchers:
+    ``launch(WithSharedMemory(kernel, nbytes), grid, block, *args)`` queues kernel[grid, block, stream, nbytes].
+
+    Above 48 KiB a GPU needs the kernel's limit raised first, once per compiled version of it."""
+
+    raised: dict = {}                        # (kernel, argument types) -> bytes allowed so far
+
+    def __init__(self, kernel, nbytes: int):
+        self.kernel, self.nbytes = kernel, nbytes
+
+    def __getitem__(self, config):
+        grid, block, stream = (*config, 0) if len(config) == 2 else config
+        configured = self.kernel[grid, block, stream, self.nbytes]
+
+        def launch_with(*args):
+            if self.nbytes > DEFAULT_SHARED_LIMIT and not simulated():
+                self._raise_limit(args)
+            configured(*args)
+        return launch_with
+
+    def _raise_limit(self, args) -> None:
+        types = tuple(self.kernel.typeof_pyval(arg) for arg in args)
+        if WithSharedMemory.raised.get((self.kernel, types), 0) >= self.nbytes:
+            return
+        from numba.cuda.cudadrv.driver import binding, driver
+        function = self.kernel.compile(types)._codelibrary.get_cufunc()
+        attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attribute, self.nbytes, function.handle, function.device.id)
+        WithSharedMemory.raised[(self.kernel, types)] = self.nbytes
+
+
+def shared_memory_limit() -> int:
+    """Bytes of shared memory one block may ask for on this GPU (the simulator: an H100's 227 KiB)."""
+    if simulated():
+        return H100_SHARED_LIMIT
+    return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
+def fused_net_step(plan, params, images, labels, order, position, batch, partials, row_loss, threads=THREADS,
+                   launch=launch):
+    """Training: row_loss[:batch] and partials[g] (the weight gradients of group g) for the batch
+    order[position·B …]; ``plan`` from ``TableBuilder.plan``, its table on the device as ``plan.table``."""
+    groups = -(-batch // plan.samples)
+    launch(WithSharedMemory(fused_net_step_kernel, plan.shared_bytes), groups, threads, plan.table, params, images,
+           labels, order, position, batch, 1, partials, row_loss, partials, row_loss)
+
+
+def fused_net_scores(plan, params, images, labels, order, position, count, logits, row_loss, correct,
+                     threads=THREADS, launch=launch):
+    """Evaluation of ``count`` samples: logits, row_loss and correct (1.0 or 0.0) of each."""
+    groups = -(-count // plan.samples)
+    launch(WithSharedMemory(fused_net_step_kernel, plan.shared_bytes), groups, threads, plan.table, params, images,
+           labels, order, position, count, 0, logits, row_loss, logits, correct)
