@@ -1,4 +1,4 @@
-"""Command line: ``python -m cnn train | evaluate | data | stages | bench``.
+"""Command line: ``cnn train | evaluate | data | stages | bench`` (``python -m cnn ...`` is the same).
 
 Every mistake a user can make — a bad flag, an impossible shape, a missing or corrupt data file, a
 CUDA stage on a machine without a GPU — ends in one line on stderr and a non-zero exit code
@@ -24,6 +24,11 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def program_name() -> str:
+    """How help and errors name the command: ``cnn`` when run as the console script, else ``python -m cnn``."""
+    return "cnn" if Path(sys.argv[0]).name == "cnn" else "python -m cnn"
 
 
 def _stage_choices():
@@ -67,7 +72,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m cnn", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=program_name(), description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     train = commands.add_parser("train", help="train a network with one stage")
@@ -93,6 +98,7 @@ def build_parser() -> OneLineParser:
 def cmd_train(args) -> int:
     """Train; the history goes to --out, checked writable before training. A run that stops early
     (divergence, a checkpoint that cannot be written, SIGINT/SIGTERM) still saves its history and says where."""
+    from cnn.bench.results import load_average
     from cnn.checkpoint import check_writable, save_history
     from cnn.machine import machine_info
     from cnn.train import CheckpointWriteFailed, TrainingDiverged, TrainingStopped, pace_line, train
@@ -100,20 +106,21 @@ def cmd_train(args) -> int:
     config = config_from_args(args)
     out = Path(args.out or f"results/train-{config.model}-{config.stage}.json")
     check_writable(out, "--out")
+    load = load_average()       # as the run begins: how much other work shares the cores (the history says it)
     try:
         history = train(config)
     except (TrainingDiverged, CheckpointWriteFailed, TrainingStopped) as err:
         _, where = save_history(err.history, out)
-        print(f"python -m cnn train: {err}; {where}", file=sys.stderr)
+        print(f"{program_name()} train: {err}; {where}", file=sys.stderr)
         return getattr(err, "exit_code", EXIT_FAILED)      # a polite stop: 130 (SIGINT) or 143 (SIGTERM)
-    history["machine"] = machine_info()
+    history["machine"] = {**machine_info(), "load_average": load}
     history["command"] = "python -m cnn " + " ".join(sys.argv[1:])
     saved_to, where = save_history(history, out)
     epochs = len(history["epochs"])
     print(f"final test accuracy {history['final_test_accuracy']:.2%} after {epochs} epoch{'s' if epochs != 1 else ''}, "
           f"{pace_line(history)}" + (f"; {where}" if saved_to == out else ""))
     if saved_to != out:
-        print(f"python -m cnn train: {where}", file=sys.stderr)
+        print(f"{program_name()} train: {where}", file=sys.stderr)
         return EXIT_FAILED
     return 0
 
@@ -187,11 +194,11 @@ def main(argv=None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (ValueError, DataError, StageUnavailable) as err:
-        print(f"python -m cnn {args.command}: error: {err}", file=sys.stderr)
+        print(f"{program_name()} {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except TrainingDiverged as err:
-        print(f"python -m cnn {args.command}: {err}", file=sys.stderr)
+        print(f"{program_name()} {args.command}: {err}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"python -m cnn {args.command}: interrupted", file=sys.stderr)
+        print(f"{program_name()} {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -26,8 +26,8 @@ def tiny_net():
 
 
 def bench_args(tmp_path, *flags):
-    defaults = ["--stages", "loops,numpy", "--data", "random", "--steps", "3", "--warmup", "1",
-                "--min-steps", "2", "--budget", "5", "--reference", "none", "--out", str(tmp_path)]
+    defaults = ["--stage", "loops,numpy", "--data", "random", "--steps", "3", "--warmup", "1",
+                "--min-steps", "2", "--budget", "5", "--reference", "none", "--out-dir", str(tmp_path)]
     return cli.build_parser().parse_args(["bench", *defaults, *flags])
 
 
@@ -158,13 +158,13 @@ def test_update_readme_command_uses_newest_results(tiny_result, tmp_path, capsys
     readme = tmp_path / "README.md"
     readme.write_text(f"{README_START}\n{README_END}\n")
     out = tiny_result[1].parent
-    assert cli.main(["bench", "--update-readme", "--out", str(out), "--readme", str(readme)]) == 0
+    assert cli.main(["bench", "--update-readme", "--out-dir", str(out), "--readme", str(readme)]) == 0
     assert tiny_result[1].name in readme.read_text()
 
 
 def test_compare_writes_side_by_side_plot(tiny_result, tmp_path, capsys):
     _, path = tiny_result
-    assert cli.main(["bench", "--compare", str(path), str(path), "--out", str(tmp_path)]) == 0
+    assert cli.main(["bench", "--compare", str(path), str(path), "--out-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "| loops |" in printed
     assert_png(next(tmp_path.glob("compare-*.png")))
@@ -175,13 +175,13 @@ def test_compare_writes_side_by_side_plot(tiny_result, tmp_path, capsys):
 @pytest.mark.parametrize("mode", [[], ["--op", "relu-forward"], ["--memory"], ["--profile", "numpy"], ["--demo"]])
 def test_refuses_to_time_under_the_simulator(monkeypatch, tmp_path, capsys, mode):
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
-    status = cli.main(["bench", "--stages", "numpy", "--data", "random", "--out", str(tmp_path), *mode])
+    status = cli.main(["bench", "--stage", "numpy", "--data", "random", "--out-dir", str(tmp_path), *mode])
     error = capsys.readouterr().err
     assert status != 0 and "simulator" in error and error.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("flags, message", [(["--stages", "numpy,warp-drive"], "warp-drive"),
+@pytest.mark.parametrize("flags, message", [(["--stage", "numpy,warp-drive"], "warp-drive"),
                                             (["--profile", "warp-drive"], "warp-drive"),
                                             (["--steps", "2", "--min-steps", "5"], "--min-steps")])
 def test_bad_flags_are_one_line_errors(capsys, flags, message):
@@ -300,7 +300,7 @@ def test_demo_on_random_mnist_shaped_data(tmp_path):
     rng = np.random.default_rng(0)
     data = (rng.standard_normal((160, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 160),
             rng.standard_normal((100, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 100))
-    args = bench_args(tmp_path, "--stages", "numpy", "--steps", "2", "--batch-size", "16", "--demo-curve-steps", "4",
+    args = bench_args(tmp_path, "--stage", "numpy", "--steps", "2", "--batch-size", "16", "--demo-curve-steps", "4",
                       "--pictures-dir", str(tmp_path / "pictures"))
     report = demo.demo(args, data=data, progress=lambda line: None)
     assert report["stage"] == "numpy" and 0.0 <= report["final_test_accuracy"] <= 1.0
@@ -314,7 +314,7 @@ def test_demo_on_random_mnist_shaped_data(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_stage_rows_are_timed_by_cuda_events(tmp_path):
-    args = bench_args(tmp_path, "--stages", "numpy,cuda", "--reference", "auto")
+    args = bench_args(tmp_path, "--stage", "numpy,cuda", "--reference", "auto")
     result = step_timing.benchmark(args, net=tiny_net(), batches=random_batches(tiny_net()), progress=lambda line: None)
     row = next(row for row in result["stages"] if row["name"] == "cuda")
     assert row["clock"] == "cuda-events" and set(row["host_phases_ms"]) == set(PHASES)
@@ -347,13 +347,61 @@ def test_snapshots_are_taken_when_the_trainer_runs_steps_in_requests():
     assert 3 in watched.snapshots and watched.steps_done == 12 and len(history["steps"]) == 12
 
 
-def test_demo_writes_to_the_git_ignored_results_folder_unless_told(monkeypatch):
-    from cnn.bench import command
+@pytest.mark.parametrize("mode, command", [([], "cmd_stages"), (["--op", "relu-forward"], "cmd_op"),
+                                           (["--memory"], "cmd_memory"), (["--demo"], "cmd_demo"),
+                                           (["--compare", "a.json"], "cmd_compare")])
+def test_results_go_to_the_git_ignored_folder_unless_told(monkeypatch, mode, command):
+    """Plain bench, --op, --memory, --demo, --compare: results/ (git-ignored), benchmarks/results only when told."""
+    from cnn.bench import command as bench_command
 
     seen = {}
-    monkeypatch.setattr(command, "simulator_on", lambda: False)
-    monkeypatch.setattr(command, "cmd_demo", lambda args: seen.update(vars(args)) or 0)
-    assert cli.main(["bench", "--demo"]) == 0
+    monkeypatch.setattr(bench_command, "simulator_on", lambda: False)
+    monkeypatch.setattr(bench_command, command, lambda args: seen.update(vars(args)) or 0)
+    assert cli.main(["bench", *mode]) == 0
     assert seen["out"] == "results" and seen["pictures_dir"] == "results"
-    assert cli.main(["bench", "--demo", "--out", "benchmarks/results"]) == 0
-    assert seen["out"] == seen["pictures_dir"] == "benchmarks/results"
+    assert cli.main(["bench", *mode, "--out-dir", "benchmarks/results"]) == 0
+    assert seen["out"] == "benchmarks/results"
+    assert seen["pictures_dir"] == ("benchmarks/results" if mode == ["--demo"] else "results")
+
+
+@pytest.mark.parametrize("mode, command", [(["--update-readme"], "cmd_update_readme"),
+                                           (["--update-docs"], "cmd_update_docs")])
+def test_the_publishing_modes_read_the_committed_results_unless_told(monkeypatch, mode, command):
+    from cnn.bench import command as bench_command, docs
+
+    seen = {}
+    monkeypatch.setattr(bench_command if command == "cmd_update_readme" else docs, command,
+                        lambda args: seen.update(vars(args)) or 0)
+    assert cli.main(["bench", *mode]) == 0
+    assert seen["out"] is None                 # each reads results.RESULTS_DIR, benchmarks/results, by default
+    assert cli.main(["bench", *mode, "--out-dir", "elsewhere"]) == 0 and seen["out"] == "elsewhere"
+
+
+def bench_help(capsys) -> str:
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    return capsys.readouterr().out
+
+
+def test_the_old_flag_names_still_work_and_say_the_new_ones(capsys):
+    old = cli.build_parser().parse_args(["bench", "--stages", "numpy", "--out", "x"])
+    new = cli.build_parser().parse_args(["bench", "--stage", "numpy", "--out-dir", "x"])
+    assert vars(old) == vars(new) and (new.stages, new.out) == ("numpy", "x")
+    assert capsys.readouterr().err.splitlines() == [
+        "python -m cnn bench: --stages is deprecated, use --stage (same meaning)",
+        "python -m cnn bench: --out is deprecated, use --out-dir (same meaning)"]
+    help_text = bench_help(capsys)
+    assert "--stages" not in help_text and "--out " not in help_text and "--out-dir DIR" in help_text
+
+
+def test_census_without_gpu_or_simulator_says_how_to_run_it_in_the_simulator(monkeypatch, capsys):
+    from cnn import stages
+    from cnn.bench import command as bench_command
+
+    monkeypatch.setattr(bench_command, "simulator_on", lambda: False)
+    monkeypatch.setattr(stages, "cuda_unavailable_reason", lambda stage=None: "no CUDA GPU found")
+    assert cli.main(["bench", "--census"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and bench_command.CENSUS_IN_THE_SIMULATOR in error
+    help_text = bench_help(capsys)
+    assert "simulator too" not in help_text and "NUMBA_ENABLE_CUDASIM=1" in " ".join(help_text.split())

@@ -10,14 +10,18 @@ import argparse
 
 from cnn.argtypes import count, positive_float, positive_int, seed
 from cnn.bench.compare import cmd_compare, cmd_curves
-from cnn.bench.demo import DEMO_DIR, cmd_demo
+from cnn.bench.demo import cmd_demo
 from cnn.bench.measure import SIMULATOR_REFUSAL, simulator_on
 from cnn.bench.ops import OPS, cmd_op
 from cnn.bench.profiling import cmd_profile
 from cnn.bench.readme import cmd_update_readme
-from cnn.bench.results import RESULTS_DIR
+from cnn.bench.results import RESULTS_DIR, USER_RESULTS_DIR
 from cnn.bench.step_timing import cmd_stages, selected_stages
 from cnn.bench.transfers import cmd_memory
+from cnn.flag_aliases import add_deprecated_alias
+
+#: the census without a GPU: the simulator counts what a GPU would run (a minute or two on the narrow copies)
+CENSUS_IN_THE_SIMULATOR = "NUMBA_ENABLE_CUDASIM=1 python -m cnn bench --census --reduced"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--demo", action="store_true",
                       help="benchmark, train the fastest stage one epoch, draw every picture (make demo)")
     mode.add_argument("--census", action="store_true",
-                      help="launches, copies, allocations per step of cuda-ring and cuda-tuned (simulator too)")
+                      help="launches, copies, allocations per step of cuda-ring and cuda-tuned: counts, exact on a "
+                           f"GPU or in Numba's simulator (without a GPU: {CENSUS_IN_THE_SIMULATOR})")
     mode.add_argument("--ablation", action="store_true",
                       help="time cuda-ring and each fix of cuda-tuned on its own (GPU only)")
     mode.add_argument("--timeline", action="store_true",
@@ -53,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--static", metavar="STAGE",
                       help="every kernel of STAGE's step compiled for sm_90 without a GPU: registers, spills, "
                            "occupancy, hot-loop instruction mix, predicted H100 time (STAGE 'all': stages 4-8)")
-    add("--stages", default=None, help="comma-separated stages (default: all registered)")
+    add("--stage", dest="stages", default=None, metavar="STAGE[,STAGE...]",
+        help="the stage to time, or several, comma-separated: numpy,numba-cpu (default: every registered stage)")
+    add_deprecated_alias(parser, "--stages", "--stage", dest="stages")
     add("--model", choices=list(NETWORKS), default="lenet5")
     add("--batch-size", type=positive_int, default=64)
     add("--dtype", choices=("float32", "float64"), default="float32")
@@ -67,9 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=seed, default=0)
     add("--reference", choices=("auto", "none"), default="auto",
         help="auto: PyTorch rows when torch is importable (pip install -e '.[bench]')")
-    add("--out", default=None,
-        help=f"where results files and plots go (default {RESULTS_DIR}/; --demo: {DEMO_DIR}/, git-ignored)")
-    add("--pictures-dir", default=None, help="--demo: where the learning pictures go (default: --out)")
+    add("--out-dir", dest="out", default=None, metavar="DIR",
+        help=f"the folder results files and plots go to (default {USER_RESULTS_DIR}/, git-ignored; "
+             f"--out-dir {RESULTS_DIR} to commit them); --update-readme, --update-docs and --headline read "
+             f"the results files from it (default {RESULTS_DIR}/, the committed ones)")
+    add_deprecated_alias(parser, "--out", "--out-dir", dest="out")
+    add("--pictures-dir", default=None, help="--demo: where the learning pictures go (default: --out-dir)")
     add("--no-progress", dest="progress", action="store_false", help="--demo: no progress bar while training")
     add("--readme", default="README.md", help="--update-readme: the file holding the markers")
     add("--no-plots", dest="plots", action="store_false")
@@ -83,10 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``python -m cnn bench``; returns the exit status."""
-    if args.out is None:        # the demo never writes into the committed results unless told to
-        args.out = str(DEMO_DIR if args.demo else RESULTS_DIR)
+    publishes = args.update_readme is not None or args.update_docs or getattr(args, "headline", False)
+    if args.out is None and not publishes:     # a run never writes into the committed results unless told to
+        args.out = str(USER_RESULTS_DIR)
     if args.pictures_dir is None:
-        args.pictures_dir = args.out if args.demo else str(DEMO_DIR)
+        args.pictures_dir = args.out if args.demo else str(USER_RESULTS_DIR)
     if args.update_readme is not None:
         return cmd_update_readme(args)
     if args.headline:
@@ -100,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.curves:
         return cmd_curves(args)
     if args.census:
-        from cnn.bench.census import cmd_census
-        return cmd_census(args)
+        return census(args)
     if args.static:
         from cnn.bench.static_report import cmd_static
         return cmd_static(args)
@@ -123,6 +133,17 @@ def run(args: argparse.Namespace) -> int:
         from cnn.bench.timeline import cmd_timeline
         return cmd_timeline(args)
     return cmd_stages(args)
+
+
+def census(args) -> int:
+    """``--census``: on a GPU, or in the simulator; without either, one line saying how to run it in the simulator."""
+    from cnn.stages import cuda_unavailable_reason
+
+    if not simulator_on() and cuda_unavailable_reason() is not None:
+        raise ValueError(f"--census needs a CUDA GPU or Numba's simulator, and this machine has no GPU; the counts are "
+                         f"exact in the simulator: {CENSUS_IN_THE_SIMULATOR}")
+    from cnn.bench.census import cmd_census
+    return cmd_census(args)
 
 
 def check_arguments(args) -> None:

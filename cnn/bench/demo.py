@@ -6,7 +6,7 @@ fixed grid of test digits are recorded (before training, after 50 steps, at the 
 learning curve of every fast stage; then the pictures (digits learning, the first layer's filters,
 the learning curves). LeNet-5 must reach ``DEMO_MIN_ACCURACY`` after that one epoch, or the demo fails.
 
-Everything goes to ``results/`` (``DEMO_DIR``, git-ignored) unless ``--out`` says otherwise: the
+Everything goes to ``results/`` (``DEMO_DIR``, git-ignored) unless ``--out-dir`` says otherwise: the
 committed ``benchmarks/results/`` is rewritten only on purpose (``benchmarks/reproduce.sh``).
 """
 
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cnn.bench.results import write_json
+from cnn.bench.results import USER_RESULTS_DIR, write_json
 from cnn.bench.step_timing import benchmark, save_benchmark
 from cnn.bench.tables import markdown_table
 from cnn.bench.workload import course_hyperparameters
 from cnn.formatting import fmt_ms
 
-DEMO_DIR = Path("results")
+DEMO_DIR = USER_RESULTS_DIR
 
 #: LeNet-5 after one epoch of MNIST with the course's recipe must reach this, or the demo fails
 DEMO_MIN_ACCURACY = 0.97
@@ -164,6 +164,8 @@ def demo(args, data=None, progress=print) -> dict:
                                                      progress=getattr(args, "progress", True))
     curves = (learning_curve_runs(result, data, args, args.demo_curve_steps, progress=progress)
               if args.demo_curve_steps else {})
+    for run in [history, *curves.values()]:      # each history says what machine, at what load, as the demo began
+        run["machine"] = result["machine"]
     paths = {"results": str(json_path), **result["plots"],
              **demo_pictures(args, net, data, indices, stage_name, history, snapshots, stage, curves)}
     seconds = time.perf_counter() - started

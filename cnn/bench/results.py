@@ -1,13 +1,15 @@
 """The results files: what every one of them starts with, their names, writing and reading them.
 
-Every file ``python -m cnn bench`` writes (``benchmarks/results/KIND-MACHINE-DEVICE-DATE.json``; a
+Every file ``python -m cnn bench`` writes (``results/KIND-MACHINE-DEVICE-DATE.json``, or
+``benchmarks/results/`` when told ``--out-dir benchmarks/results``; a
 benchmark's or an ablation's KIND carries its workload, ``bench-lenet5-b64``) starts with the same
 header, ``results_header(kind)``::
 
     {"schema": "cnn-bench/1", "kind": "stages" | "op" | "memory" | "ablation" | "ring-timeline",
      "created": ISO time, "command": "python -m cnn bench ...",
      "commit": the repository's commit, "+" when files differed from it (null outside a git checkout),
-     "machine": {host, cpu, cores, platform, python, packages{...}, gpu{name, ...} or null, load_average},
+     "machine": {host, cpu, cores, platform, python, packages{...}, gpu{name, ...} or null,
+                 load_average: [1, 5, 15 min] as the measurement began},
      ...}
 
 and the rest of each kind is described where it is measured (``step_timing``, ``ops``,
@@ -32,7 +34,10 @@ from pathlib import Path
 from cnn.bench.measure import simulator_on
 
 SCHEMA = "cnn-bench/1"
+#: The committed results, which README and docs/ quote: written only when a command is told ``--out-dir benchmarks/results``
 RESULTS_DIR = Path("benchmarks/results")
+#: Where a command's results files and plots go unless told otherwise (git-ignored: a user's run never lands in a commit)
+USER_RESULTS_DIR = Path("results")
 
 
 def results_header(kind: str) -> dict:
@@ -81,8 +86,14 @@ def machine_record() -> dict:
 
     record = machine_info()
     record["gpu"] = gpu_info()
-    record["load_average"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    record["load_average"] = load_average()
     return record
+
+
+def load_average() -> list[float] | None:
+    """The machine's load averages over 1, 5 and 15 minutes (None where the OS has none): taken as a measurement
+    begins, it says how much other work shared the cores (``cnn.bench.recorded`` publishes only quiet runs)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def command_line() -> str:
