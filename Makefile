@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench train notebooks docs site assignments clean
+.PHONY: demo test bench bench-cpu train notebooks docs site assignments clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-core
 	$(PY) -m cnn bench
+
+# The [bench] extra (PyTorch's reference rows) on a machine without an NVIDIA GPU: PyTorch's CPU build from
+# PyTorch's own index first (from PyPI, Linux gets the CUDA build and ~17 NVIDIA wheels, gigabytes it cannot use),
+# then the rest of the extra from PyPI, which keeps the torch already there. The torch requirement is the one of
+# pyproject's bench extra (tests/test_cli.py keeps the two equal).
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+bench-cpu: $(VENV)/.installed-core
+	$(PY) -m pip install --quiet "torch>=2.4" --index-url $(TORCH_CPU_INDEX)
+	$(PY) -m pip install --quiet -e ".[bench]"
 
 train: $(VENV)/.installed-core
 	$(PY) -m cnn train --stage numpy --model lenet5 --epochs 10

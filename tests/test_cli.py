@@ -153,6 +153,24 @@ def test_every_extra_with_numba_cuda_pins_the_numpy_it_works_with():
         assert NUMPY_FOR_NUMBA_CUDA in extras[name], f"extra {name!r} lacks {NUMPY_FOR_NUMBA_CUDA!r}"
 
 
+def test_the_cpu_pytorch_install_asks_for_the_torch_of_the_bench_extra():
+    """`make bench-cpu` and pyproject's comment install PyTorch's CPU build with the bench extra's own requirement
+    (the index is PyTorch's, not a registry this suite may reach: the text is checked, not resolved)."""
+    import re
+    import tomllib
+
+    bench = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]["optional-dependencies"]["bench"]
+    [torch] = [requirement for requirement in bench if requirement.startswith("torch")]
+    makefile = (REPOSITORY / "Makefile").read_text()
+    index = re.search(r"^TORCH_CPU_INDEX := (\S+)$", makefile, re.M).group(1)
+    recipe = makefile.split("\nbench-cpu:", 1)[1].split("\n\n", 1)[0]
+    assert f'pip install --quiet "{torch}" --index-url $(TORCH_CPU_INDEX)' in recipe
+    assert recipe.index("--index-url") < recipe.index("-e \".[bench]\"")     # the CPU build first, then the rest
+    assert index == "https://download.pytorch.org/whl/cpu"
+    assert f'pip install "{torch}" --index-url {index} && pip install -e \'.[bench]\'' in \
+        (REPOSITORY / "pyproject.toml").read_text()
+
+
 def test_on_a_gpu_a_broken_numba_cuda_numpy_pair_is_said_once():
     """With a GPU (stubbed here) and a numpy numba-cuda cannot compile with, the CUDA stages point to one line."""
     result = stages_without_gpu("import numpy", "del numpy.row_stack", "import kernels.device",
