@@ -11,6 +11,18 @@ Also checked without running anything: each tutorial notebook is committed with 
 run (``python notebooks/execute.py``, ``make notebooks``): every code cell ran, in order, no error, its
 plots stored as pictures, the size kept in check; the assignment notebooks are committed blank; and each
 tutorial notebook ends with exercises.
+
+Why nbclient itself and not a pytest plugin over it: nbmake runs each notebook as a test item through
+nbclient too, but it takes its settings from the command line (CNN_FAST, the extra cell that prints the
+kernel's ``sys.prefix``, skipping the MPI notebooks where there is no mpiexec would all move out of this
+file); nbval compares every stored output with a new run's, and these notebooks store a *full* run while
+the suite runs them in fast mode, so it would need ``--nbval-lax``, which is nbclient again. The harness
+here is ``run_notebook``'s four lines.
+
+No time decides a result: a cell may take ``CELL_TIMEOUT``, the kernel ``KERNEL_START_TIMEOUT`` to start,
+and the outputs of a finished cell ``OUTPUT_TIMEOUT`` to arrive — each a bound on a hang, far above what a
+loaded 2-core machine needs, and a late output is an error (``raise_on_iopub_timeout``), never silently
+dropped (nbclient's default waits 4 s and then goes on without it, so an error output could be lost).
 """
 
 import os
@@ -27,7 +39,9 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 sys.path.insert(0, str(NOTEBOOK_DIR))
 from strip_outputs import course_notebooks, has_outputs  # noqa: E402
 
-CELL_TIMEOUT = 600
+CELL_TIMEOUT = 600           # seconds a cell may run
+KERNEL_START_TIMEOUT = 300   # nbclient's default, 60 s, is short when eight processes share two cores
+OUTPUT_TIMEOUT = 120         # for a cell's outputs after its reply (nbclient's default: 4 s, then it drops them)
 
 
 def run_notebook(path: Path, extra_cells=()):
@@ -36,7 +50,8 @@ def run_notebook(path: Path, extra_cells=()):
 
     notebook = nbformat.read(path, as_version=4)
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
-    NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT,
+    NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT, startup_timeout=KERNEL_START_TIMEOUT,
+                   iopub_timeout=OUTPUT_TIMEOUT, raise_on_iopub_timeout=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     return notebook
 
