@@ -80,6 +80,7 @@ import numpy as np
 from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, window_count
 from cnn.stages.base import HostStage, Ops, softmax_cross_entropy
 from kernels.cpu.conv_pool import conv_block_backward, conv_block_forward
+from kernels.cpu import network
 from kernels.cpu.dense import dense_backward_kernel, dense_forward_kernel
 from kernels.cpu.elementwise import relu_backward_kernel, relu_kernel, sgd_momentum_kernel
 from kernels.cpu.pool import maxpool_backward_kernel, maxpool_kernel
@@ -179,6 +180,40 @@ def fusion_plan(net: Network, fuse: bool = True) -> list[Step]:
     return steps
 
 
+def _chw(shape) -> tuple:
+    """A per-sample shape as (C, H, W): a vector of n numbers is (n, 1, 1)."""
+    return tuple(shape) + (1,) * (3 - len(shape))
+
+
+def block_program(net: Network, plan: list[Step]) -> np.ndarray:
+    """The plan as ``kernels.cpu.network``'s program: one row of integers per kernel call (Flatten needs none:
+    a sample's numbers are already in a row), each row's output in its own activation segment."""
+    columns = network
+    offsets = {(slot.layer, slot.name): slot.offset for slot in net.param_layout()}
+    shapes, rows, source, end = net.activation_shapes(), [], -1, 0
+    for step in plan:
+        if step.kind == "flatten":
+            continue
+        layer, row = step.layers[0], np.zeros(columns.FIELDS, np.int64)
+        row[columns.KIND] = {"conv_relu_pool": columns.CONV, "conv": columns.CONV, "relu": columns.RELU,
+                             "maxpool": columns.MAXPOOL, "dense": columns.DENSE}[step.kind]
+        shape_out = shapes[step.first + len(step.layers)]
+        row[[columns.C_IN, columns.H_IN, columns.W_IN]] = _chw(shapes[step.first])
+        row[[columns.C_OUT, columns.H_OUT, columns.W_OUT]] = _chw(shape_out)
+        row[columns.IN_START], row[columns.OUT_START] = source, end
+        source, end = end, end + int(np.prod(shape_out))
+        if isinstance(layer, (Conv, Dense)):
+            row[columns.W_AT], row[columns.B_AT] = offsets[step.first, "W"], offsets[step.first, "b"]
+        if isinstance(layer, Conv):
+            row[[columns.KERNEL, columns.STRIDE, columns.PAD]] = layer.kernel, layer.stride, layer.pad
+        pool = step.layers[2] if step.kind == "conv_relu_pool" else layer
+        if isinstance(pool, MaxPool):
+            row[[columns.POOL_SIZE, columns.POOL_STRIDE]] = pool.size, pool.stride
+        row[columns.APPLY_RELU] = step.kind == "conv_relu_pool"
+        rows.append(row)
+    return np.array(rows)
+
+
 class Buffers(NamedTuple):
     """Everything one batch size needs, allocated once: per step its output, switches and input gradient."""
 
@@ -187,63 +222,142 @@ class Buffers(NamedTuple):
     input_grads: list
 
 
+class BlockBuffers(NamedTuple):
+    """What the block schedule needs for one batch size, allocated once (layout: ``kernels.cpu.network``)."""
+
+    acts: np.ndarray          # every program row's output, one segment each
+    switches: np.ndarray      # the argmax of the pooled rows, same layout
+    grads: np.ndarray         # dL/d(every output), same layout
+    grad_copies: np.ndarray   # (blocks, parameters): block k's share of the gradient
+    block_losses: np.ndarray  # (blocks,): block k's summed loss
+
+
+SCHEDULES = ("blocks", "layers")
+NO_LABELS, NO_INPUT_GRAD = np.empty(0, np.int64), None
+
+
 class NumbaCpuStage(HostStage):
     name = "numba-cpu"
-    summary = "stage-1 loops compiled with Numba: threads over the batch, conv+ReLU+pool fused"
+    summary = "stage-1 loops compiled with Numba: each thread takes blocks of samples through the whole network"
     ops = Ops(conv_forward, conv_backward, relu_forward, relu_backward,
               maxpool_forward, maxpool_backward, dense_forward, dense_backward)
 
     MAX_BUFFER_SETS = 4     # batch sizes kept (training, last partial batch, evaluation, ...)
 
-    def __init__(self, net: Network, dtype=np.float32, fuse: bool = True):
-        """``fuse=False`` runs every layer as its own kernel: what fusion buys, measured by the benchmark."""
+    def __init__(self, net: Network, dtype=np.float32, fuse: bool = True, schedule: str = "blocks"):
+        """``fuse=False`` runs every layer as its own kernel call; ``schedule="layers"`` spreads each layer over
+        the threads in turn (the stage's first version, a barrier a layer) instead of each block of samples
+        through the whole network (one parallel region a phase). The benchmark measures both against this."""
+        if schedule not in SCHEDULES:
+            raise ValueError(f"stage {self.name!r}: schedule must be one of {SCHEDULES}, not {schedule!r}")
         super().__init__(net, dtype)
+        self.schedule = schedule
         self.kernel_calls = fusion_plan(net, fuse)
+        self.program = block_program(net, self.kernel_calls)
         self._buffer_sets: dict = {}
-        self._first_step_grad = None     # what the lazy ``input_grad`` needs
+        self._backward_done = False      # input_grad exists between backward() and update()
+        self._input_grad = None
+        self._first_step_grad = None     # what the per-layer schedule's lazy ``input_grad`` needs
 
     # -- the phases -------------------------------------------------------------------------
     def forward(self):
-        buffers = self._buffers(self.images.shape[0], "train")
-        self.logits, self.step_inputs = self._forward_steps(self.images, buffers)
-        self.step_buffers = buffers
-        self.loss, self.dlogits = softmax_cross_entropy(self.logits, self.labels)
-        self._first_step_grad = self._input_grad = None
+        if self.schedule == "layers":
+            return self._forward_by_layers()
+        self._run_blocks(self.images, self.labels, forward=True, backward=False)
 
     def backward(self):
-        grad = self.dlogits
-        for index in reversed(range(1, len(self.kernel_calls))):
-            grad = self._step_backward(index, grad, need_dx=True)
-        self._step_backward(0, grad, need_dx=False)
-        self._first_step_grad, self._input_grad = grad, None
+        if self.schedule == "layers":
+            return self._backward_by_layers()
+        self._run_blocks(self.images, self.labels, forward=False, backward=True)
+
+    def train_step(self, images, labels, lr, momentum=0.9, weight_decay=0.0):
+        """Forward and backward in ONE parallel region (each block goes down and back up on its thread), then the update."""
+        if self.schedule == "layers":
+            return super().train_step(images, labels, lr, momentum, weight_decay)
+        self.load_batch(images, labels)
+        self._run_blocks(self.images, self.labels, forward=True, backward=True)
+        self.update(lr, momentum, weight_decay)
+        return self.fetch_loss()
 
     def update(self, lr, momentum, weight_decay):
         dtype = self.dtype.type
         sgd_momentum_kernel(self.params, self.velocity, self.grad, dtype(lr), dtype(momentum), dtype(weight_decay))
-        self._first_step_grad = self._input_grad = None    # the weights it needs have changed
+        self._backward_done, self._first_step_grad = False, None    # the weights input_grad needs have changed
 
     def predict(self, images):
         images = np.ascontiguousarray(images, dtype=self.dtype)
-        logits, _ = self._forward_steps(images, self._buffers(images.shape[0], "predict"))
-        return logits.copy()
+        if self.schedule == "layers":
+            logits, _ = self._forward_steps(images, self._buffers(images.shape[0], "predict"))
+            return logits.copy()
+        return self._run_blocks(images, NO_LABELS, forward=True, backward=False, purpose="predict")
 
     @property
     def input_grad(self):
         """dL/d(images), computed on first use after backward() (training never needs it)."""
-        if self._first_step_grad is None:
+        if not self._backward_done:
             raise RuntimeError(f"stage {self.name!r}: input_grad exists between backward() and update(); "
                                "call backward() first")
         if self._input_grad is None:
-            self._input_grad = self._step_backward(0, self._first_step_grad, need_dx=True).copy()
+            if self.schedule == "layers":
+                self._input_grad = self._step_backward(0, self._first_step_grad, need_dx=True).copy()
+            else:
+                self._input_grad = np.empty_like(self.images)
+                self._run_blocks(self.images, self.labels, forward=False, backward=True, input_grad=self._input_grad)
         return self._input_grad
 
-    # -- internals ---------------------------------------------------------------------------
+    # -- the block schedule: one parallel region a phase ------------------------------------------
+    def _run_blocks(self, images, labels, forward, backward, input_grad=NO_INPUT_GRAD, purpose="train"):
+        """``network.run_blocks`` on this batch; forward: the loss (with labels) and the logits; backward: the gradient."""
+        batch = images.shape[0]
+        buffers = self._block_buffers(batch, purpose)
+        network.run_blocks(self.program, self.params, images, labels, buffers.acts, buffers.switches, buffers.grads,
+                           buffers.grad_copies, buffers.block_losses,
+                           images[:0] if input_grad is None else input_grad, forward, backward, numba.get_num_threads())
+        if backward:
+            network.sum_block_gradients(buffers.grad_copies, self.grad, numba.get_num_threads())
+            self._backward_done, self._input_grad = True, input_grad
+        if forward and labels.size:
+            self.loss = float(buffers.block_losses.sum() / batch)
+        last = self.program[-1]
+        return buffers.acts[batch * last[network.OUT_START]:].reshape(batch, -1).copy()
+
+    def _block_buffers(self, batch: int, purpose: str) -> BlockBuffers:
+        key = ("blocks", batch, purpose)
+        if key not in self._buffer_sets:
+            self._forget_oldest_buffers()
+            last = self.program[-1]
+            per_sample = int(last[network.OUT_START] + last[network.C_OUT] * last[network.H_OUT] * last[network.W_OUT])
+            blocks = -(-batch // network.BLOCK_SAMPLES)
+            self._buffer_sets[key] = BlockBuffers(
+                np.empty(batch * per_sample, self.dtype), np.empty(batch * per_sample, np.int64),
+                np.empty(batch * per_sample, self.dtype), np.empty((blocks, self.net.num_params), self.dtype),
+                np.zeros(blocks))
+        return self._buffer_sets[key]
+
+    def _forget_oldest_buffers(self):
+        if len(self._buffer_sets) >= self.MAX_BUFFER_SETS:
+            self._buffer_sets.pop(next(iter(self._buffer_sets)))
+
+    # -- the layer schedule: every kernel call spread over the threads in turn ----------------------
+    def _forward_by_layers(self):
+        buffers = self._buffers(self.images.shape[0], "train")
+        self.logits, self.step_inputs = self._forward_steps(self.images, buffers)
+        self.step_buffers = buffers
+        self.loss, self.dlogits = softmax_cross_entropy(self.logits, self.labels)
+        self._backward_done, self._first_step_grad = False, None
+
+    def _backward_by_layers(self):
+        grad = self.dlogits
+        for index in reversed(range(1, len(self.kernel_calls))):
+            grad = self._step_backward(index, grad, need_dx=True)
+        self._step_backward(0, grad, need_dx=False)
+        self._first_step_grad, self._input_grad, self._backward_done = grad, None, True
+
     def _buffers(self, batch: int, purpose: str) -> Buffers:
         """The buffers of this batch size, made on first use (predict keeps its own set)."""
-        key = (batch, purpose)
+        key = ("layers", batch, purpose)
         if key not in self._buffer_sets:
-            if len(self._buffer_sets) >= self.MAX_BUFFER_SETS:
-                self._buffer_sets.pop(next(iter(self._buffer_sets)))
+            self._forget_oldest_buffers()
             shapes = self.net.activation_shapes()
             outputs, switches, input_grads = [], [], []
             for step in self.kernel_calls:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu.layout import (SAFE_FASTMATH, axpy, chunk_range, dot, geometry, load_channel, run_length,
-                                samples_per_block, scratch, store_channel)
+from kernels.cpu.layout import (SAFE_FASTMATH, SIMD_ROUND, axpy, axpy4, chunk_range, dot, dot4, geometry, load_channel,
+                                run_length, samples_per_block, scratch, store_channel, taps)
 from kernels.cpu.pool import pool_plane, unpool_plane
 
 
@@ -26,31 +26,62 @@ def _correlate_channel(x_c, w_fc, run, Wp, count, z):
     z[(i·Wp + j)·count + b] += Σ_{p,q} w_fc[p, q] · x_c[((i + p)·Wp + j + q)·count + b]
 
     Output and input share the layout, so the shift by (p, q) is the same offset
-    (p·Wp + q)·count for every output: one weight at a time, ``z += w · (shifted x)`` is
-    ONE contiguous loop over the whole block — a SIMD loop. The outputs at columns
-    j ≥ Wp − K + 1 straddle a row edge: computed too, never read.
+    (p·Wp + q)·count for every output: ``z += w · (shifted x)`` is ONE contiguous loop over
+    the whole block — a SIMD loop — and four neighbouring taps q … q+3 of a row go in one
+    pass (``axpy4``). The outputs at columns j ≥ Wp − K + 1 straddle a row edge: computed
+    too, never read.
     """
     K = w_fc.shape[0]
     for p in range(K):
-        for q in range(K):
+        q = 0
+        while q + 4 <= K:
+            x0, x1, x2, x3 = taps(x_c, (p * Wp + q) * count, count, run)
+            axpy4(z[:run], w_fc[p, q], x0, w_fc[p, q + 1], x1, w_fc[p, q + 2], x2, w_fc[p, q + 3], x3)
+            q += 4
+        for q in range(q, K):
             shift = (p * Wp + q) * count
             axpy(z[:run], w_fc[p, q], x_c[shift:shift + run])
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def _correlate_channel_backward(dz, x_c, w_fc, run, Wp, count, dw_fc, dx_c, need_dx):
-    """The two adjoints of ``_correlate_channel``, from dz = dL/dz (zero where z is not an output):
+def _correlate_channel_backward(dz, margin, x_c, w_fc, run, Wp, count, dw_fc, dx_c, need_dx):
+    """The two adjoints of ``_correlate_channel``, from dz = dL/dz (zero where z is not an output;
+    the plane starts at dz[margin], after ``margin`` ≥ (K−1)·count zeros):
 
-    dw_fc[p, q]        += Σ_k dz[k] · x_c[k + (p·Wp + q)·count]
-    dx_c[k + (p·Wp + q)·count] += w_fc[p, q] · dz[k]
+    dw_fc[p, q] += Σ_k dz[k] · x_c[k + (p·Wp + q)·count]                 (``dot4``: four taps a pass)
+    dx_c[p·Wp·count + k] += Σ_q w_fc[p, q] · dz[k − q·count]             (``axpy4``: four taps a pass)
+
+    The second is the scatter dx_c[k + shift] += w·dz[k] written as a gather, so that four
+    taps add into the same dx element at once; the zeros before the plane stand for the
+    dz[k − q·count] with k < q·count.
     """
     K = w_fc.shape[0]
+    plane = dz[margin:]
     for p in range(K):
-        for q in range(K):
+        q = 0
+        while q + 4 <= K:
+            x0, x1, x2, x3 = taps(x_c, (p * Wp + q) * count, count, run)
+            t0, t1, t2, t3 = dot4(plane[:run], x0, x1, x2, x3)
+            dw_fc[p, q] += t0
+            dw_fc[p, q + 1] += t1
+            dw_fc[p, q + 2] += t2
+            dw_fc[p, q + 3] += t3
+            q += 4
+        for q in range(q, K):
             shift = (p * Wp + q) * count
-            dw_fc[p, q] += dot(dz[:run], x_c[shift:shift + run])
-            if need_dx:
-                axpy(dx_c[shift:shift + run], w_fc[p, q], dz[:run])
+            dw_fc[p, q] += dot(plane[:run], x_c[shift:shift + run])
+    if not need_dx:
+        return
+    length = run + (K - 1) * count
+    for p in range(K):
+        row = dx_c[p * Wp * count:p * Wp * count + length]
+        q = 0
+        while q + 4 <= K:
+            d0, d1, d2, d3 = taps(dz, margin - (q + 3) * count, count, length)     # d3 is the tap q, d0 is q+3
+            axpy4(row, w_fc[p, q], d3, w_fc[p, q + 1], d2, w_fc[p, q + 2], d1, w_fc[p, q + 3], d0)
+            q += 4
+        for q in range(q, K):
+            axpy(row, w_fc[p, q], dz[margin - q * count:margin - q * count + length])
 
 
 @njit(cache=True)
@@ -93,6 +124,15 @@ def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride
                 _bias_relu_plane(z[s:], row_step, col_step, b[f], relu, out[n0 + s, f])
 
 
+@njit(cache=True)
+def conv_items(x, W, stride, pad, backward=False):
+    """Work items of a convolution over the samples of x: (block of samples, filter) forward,
+    (block of samples, input channel) backward."""
+    Hp, Wp, _, _ = geometry(x, W, stride, pad)
+    blocks = -(-x.shape[0] // samples_per_block(x.shape[0], Hp, Wp))
+    return blocks * (x.shape[1] if backward else W.shape[0])
+
+
 @njit(parallel=True, cache=True)
 def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, threads):
     """Conv + bias (+ ReLU) (+ max-pool, when pool_size > 0) for the whole batch.
@@ -101,8 +141,7 @@ def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, 
     Each thread owns a padded copy of its current block and a scratch conv plane that
     stays in cache; when pooled, the conv plane never reaches memory.
     """
-    Hp, Wp, _, _ = geometry(x, W, stride, pad)
-    items = -(-x.shape[0] // samples_per_block(x.shape[0], Hp, Wp)) * W.shape[0]
+    items = conv_items(x, W, stride, pad)
     chunks = min(threads, items)
     for chunk in prange(chunks):
         lo, hi = chunk_range(chunk, chunks, items)
@@ -122,7 +161,8 @@ def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, poole
     Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
     per_block = samples_per_block(N, Hp, Wp)
     x_c, dx_c = scratch(1, per_block, Hp, Wp, x.dtype)[0], scratch(1, per_block, Hp, Wp, x.dtype)[0]
-    dz, bias_grad = scratch(F, per_block, Hp, Wp, x.dtype), np.zeros(F, x.dtype)
+    margin = (W.shape[2] - 1) * per_block         # zeros before each dz plane (see _correlate_channel_backward)
+    dz, bias_grad = np.zeros((F, margin + per_block * Hp * Wp + SIMD_ROUND), x.dtype), np.zeros(F, x.dtype)
     loaded = -1
     for item in range(lo, hi):
         block_index, c = item // C, item % C
@@ -134,7 +174,7 @@ def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, poole
                 bias_grad[f] = 0
                 for s in range(count):
                     bias_grad[f] += unpool_plane(dout[n0 + s, f], out[n0 + s, f], switch[n0 + s, f], relu, pooled,
-                                                  Wo, stride * Wp * count, stride * count, dz[f, s:])
+                                                  Wo, stride * Wp * count, stride * count, dz[f, margin + s:])
             loaded = block_index
         if c == 0:
             db += bias_grad
@@ -143,7 +183,7 @@ def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, poole
             dx_c[:] = 0
         run = run_length(count, Hp, Wp, W.shape[2])
         for f in range(F):
-            _correlate_channel_backward(dz[f], x_c, W[f, c], run, Wp, count, dW[f, c], dx_c, need_dx)
+            _correlate_channel_backward(dz[f], margin, x_c, W[f, c], run, Wp, count, dW[f, c], dx_c, need_dx)
         if need_dx:
             store_channel(dx_c, n0, count, c, pad, Hp, Wp, dx)
 
@@ -172,8 +212,7 @@ def conv_block_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, 
     thread — enough work even at batch 1. Each thread sums into its own copy of dW and db;
     the copies are added at the end, so no two threads ever write the same number.
     """
-    Hp, Wp, _, _ = geometry(x, W, stride, pad)
-    items = -(-x.shape[0] // samples_per_block(x.shape[0], Hp, Wp)) * x.shape[1]
+    items = conv_items(x, W, stride, pad, True)
     chunks = min(threads, items)
     dW_copies, db_copies = _zeroed_copies(chunks, dW.size, W.dtype), _zeroed_copies(chunks, db.size, W.dtype)
     for chunk in prange(chunks):

@@ -83,6 +83,45 @@ def axpy(y, a, x):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
+def axpy4(y, a0, x0, a1, x1, a2, x2, a3, x3):
+    """y += a0·x0 + a1·x1 + a2·x2 + a3·x3: four axpy in ONE pass. The partial sum of an element stays in
+    a register, so each term costs one load where a separate axpy costs a load, a load and a store —
+    the loops here are limited by memory operations, not by multiply-adds."""
+    for k in range(y.size):
+        y[k] += a0 * x0[k] + a1 * x1[k] + a2 * x2[k] + a3 * x3[k]
+
+
+@njit(cache=True, fastmath=SAFE_FASTMATH)
+def dot4(y, x0, x1, x2, x3):
+    """(y·x0, y·x1, y·x2, y·x3) in ONE pass: y is loaded once for four dot products."""
+    t0 = t1 = t2 = t3 = y.dtype.type(0)
+    for k in range(y.size):
+        t0 += y[k] * x0[k]
+        t1 += y[k] * x1[k]
+        t2 += y[k] * x2[k]
+        t3 += y[k] * x3[k]
+    return t0, t1, t2, t3
+
+
+@njit(cache=True, fastmath=SAFE_FASTMATH)
+def add_rows(y, a, X):
+    """y += Σ_t a[t]·X[t] (X a matrix, one row a term): four rows a pass (``axpy4``), the rest one by one."""
+    t = 0
+    while t + 4 <= X.shape[0]:
+        axpy4(y, a[t], X[t], a[t + 1], X[t + 1], a[t + 2], X[t + 2], a[t + 3], X[t + 3])
+        t += 4
+    for t in range(t, X.shape[0]):
+        axpy(y, a[t], X[t])
+
+
+@njit(cache=True)
+def taps(x, start, step, length):
+    """Four windows of x, ``step`` apart: x[start + t·step : start + t·step + length] for t = 0 … 3."""
+    return (x[start:start + length], x[start + step:start + step + length],
+            x[start + 2 * step:start + 2 * step + length], x[start + 3 * step:start + 3 * step + length])
+
+
+@njit(cache=True, fastmath=SAFE_FASTMATH)
 def dot(x, y):
     """Σ_k x[k]·y[k]; ``reassoc`` lets the compiler keep several SIMD partial sums."""
     total = x.dtype.type(0)

@@ -1,0 +1,251 @@
+"""A whole training step, one block of samples at a time: each thread takes its blocks through the WHOLE network.
+
+The per-layer kernels (``conv_pool``, ``dense``) spread ONE layer over the threads, so a LeNet-5
+step is a dozen parallel regions, each ending at a barrier where every thread waits for the
+slowest. On a busy machine one thread is often descheduled for a time slice (milliseconds) and,
+at every barrier, the others wait for it. Here the work item is a block of ``BLOCK_SAMPLES``
+samples, and one thread takes its block through every layer — forward, loss, backward — with the
+block's activations staying in that core's cache and its weight gradient summed into the block's
+own copy. One parallel region a phase: a descheduled thread delays only its own blocks, once.
+(Stage 8 takes the same idea to the GPU: one thread block runs the whole network for its samples.)
+
+Thread → data: worker w of ``workers`` takes the contiguous range of blocks ``chunk_range(w)``;
+block k holds samples k·BLOCK_SAMPLES … (k+1)·BLOCK_SAMPLES − 1 (the last may be shorter) and owns
+row k of ``grad_copies``. The gradient is then Σ_k grad_copies[k], added in block order
+(``sum_block_gradients``): the same numbers, bit for bit, on any number of threads.
+
+The network arrives as a *program*: one row of integers per kernel call (the ``FIELD`` columns
+below), built by ``cnn.stages.s3_numba_cpu.block_program``. Activations live in flat buffers, one
+segment per program row: segment s holds the row's output for the whole batch, sample n at
+N·SEGMENT_START + n·(C·H·W). ``grads`` has the same layout and holds dL/d(each output);
+``switches`` too, for the pooled rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.conv_pool import _conv_block_backward_chunk, _conv_block_forward_chunk, conv_items
+from kernels.cpu.layout import SAFE_FASTMATH, add_rows, chunk_range, dot
+from kernels.cpu.pool import maxpool_backward_kernel, maxpool_kernel
+
+BLOCK_SAMPLES = 8      # samples a thread takes through the whole network at a time (fixed: results do not
+                       # depend on the thread count); LeNet-5 batch 64 makes 8 blocks, 4 per thread on 2 cores
+
+# the kinds of program rows
+CONV, RELU, MAXPOOL, DENSE = 0, 1, 2, 3
+# the columns of a program row
+(KIND, IN_START, OUT_START, C_IN, H_IN, W_IN, C_OUT, H_OUT, W_OUT, W_AT, B_AT,
+ KERNEL, STRIDE, PAD, APPLY_RELU, POOL_SIZE, POOL_STRIDE) = range(17)
+FIELDS = 17
+
+
+@njit(cache=True)
+def _segment(buffer, start, size, batch, n0, n1):
+    """Samples n0 … n1−1 of the segment that starts at batch·start (size numbers a sample), flat."""
+    return buffer[batch * start + n0 * size:batch * start + n1 * size]
+
+
+@njit(cache=True)
+def _input_of(row, images, acts, batch, n0, n1):
+    """The row's input for samples n0 … n1−1, as (samples, C, H, W): the images, or an earlier row's output."""
+    shape = (n1 - n0, row[C_IN], row[H_IN], row[W_IN])
+    if row[IN_START] < 0:
+        return images[n0:n1].reshape(shape)
+    return _segment(acts, row[IN_START], row[C_IN] * row[H_IN] * row[W_IN], batch, n0, n1).reshape(shape)
+
+
+@njit(cache=True)
+def _output_of(row, buffer, batch, n0, n1):
+    """The row's output segment of ``buffer`` (acts, grads or switches) for samples n0 … n1−1, as (samples, C, H, W)."""
+    size = row[C_OUT] * row[H_OUT] * row[W_OUT]
+    return _segment(buffer, row[OUT_START], size, batch, n0, n1).reshape((n1 - n0, row[C_OUT], row[H_OUT], row[W_OUT]))
+
+
+@njit(cache=True)
+def _weights(row, params):
+    """(W, b) of a conv or dense row, views into the flat vector (dense: W is (out, in))."""
+    F, C = row[C_OUT], row[C_IN]
+    if row[KIND] == CONV:
+        size = F * C * row[KERNEL] * row[KERNEL]
+        W = params[row[W_AT]:row[W_AT] + size].reshape((F, C, row[KERNEL], row[KERNEL]))
+    else:
+        size = F * C * row[H_IN] * row[W_IN]
+        W = params[row[W_AT]:row[W_AT] + size].reshape((F, C * row[H_IN] * row[W_IN], 1, 1))
+    return W, params[row[B_AT]:row[B_AT] + F]
+
+
+@njit(cache=True, fastmath=SAFE_FASTMATH)
+def _dense_forward(x, W, b, relu, y):
+    """y[n, o] = Σ_i x[n, i]·W[o, i] + b[o] (then ReLU) for the block's samples.
+
+    Row o of W is read once for all the block's samples (it stays in L1 while they use it)."""
+    for o in range(W.shape[0]):
+        for n in range(x.shape[0]):
+            value = dot(x[n], W[o]) + b[o]
+            y[n, o] = value if value > 0 or not relu else 0
+
+
+@njit(cache=True, fastmath=SAFE_FASTMATH)
+def _dense_backward(dy, x, W, dW, db, dx, need_dx):
+    """dW[o] += Σ_n dy[n, o]·x[n],  db[o] += Σ_n dy[n, o],  dx[n] = Σ_o dy[n, o]·W[o].
+
+    Each is a sum of rows (``add_rows``, four rows a pass): row o of dW is loaded and stored
+    once for four of the block's samples, dx[n] once for four rows of W."""
+    for o in range(W.shape[0]):
+        add_rows(dW[o], dy[:, o], x)
+        for n in range(x.shape[0]):
+            db[o] += dy[n, o]
+    if need_dx:
+        for n in range(x.shape[0]):
+            dx[n] = 0
+            add_rows(dx[n], dy[n], W)
+
+
+@njit(cache=True)
+def _relu_gate(dy, y):
+    """dy ← dy where y > 0, else 0 (in place: the gradient arriving at a ReLU's output, taken to its input)."""
+    for k in range(dy.size):
+        dy[k] = dy[k] if y[k] > 0 else 0
+
+
+@njit(cache=True)
+def _softmax_cross_entropy(logits, labels, batch, dlogits):
+    """For the block's rows: dlogits = (softmax(z) − onehot(y)) / batch; returns Σ_n −log softmax(z_n)[y_n]."""
+    total = 0.0
+    for n in range(logits.shape[0]):
+        top = np.float64(logits[n].max())
+        norm = 0.0
+        for k in range(logits.shape[1]):
+            norm += np.exp(np.float64(logits[n, k]) - top)
+        total += np.log(norm) - (logits[n, labels[n]] - top)
+        for k in range(logits.shape[1]):
+            p = np.exp(np.float64(logits[n, k]) - top) / norm
+            dlogits[n, k] = (p - (1.0 if k == labels[n] else 0.0)) / batch
+    return total
+
+
+@njit(cache=True)
+def _forward_row(row, params, images, acts, switches, batch, n0, n1):
+    """One program row's forward pass for samples n0 … n1−1."""
+    x, out = _input_of(row, images, acts, batch, n0, n1), _output_of(row, acts, batch, n0, n1)
+    kind, relu = row[KIND], row[APPLY_RELU] == 1
+    if kind == CONV:
+        W, b = _weights(row, params)
+        if row[POOL_SIZE] > 0:
+            switch = _output_of(row, switches, batch, n0, n1)
+        else:
+            switch = np.empty((n1 - n0, row[C_OUT], 0, 0), np.int64)
+        _conv_block_forward_chunk(x, W, b, row[STRIDE], row[PAD], relu, row[POOL_SIZE], row[POOL_STRIDE],
+                                  out, switch, 0, conv_items(x, W, row[STRIDE], row[PAD]))
+    elif kind == DENSE:
+        W, b = _weights(row, params)
+        _dense_forward(x.reshape((n1 - n0, -1)), W.reshape((W.shape[0], -1)), b, relu, out.reshape((n1 - n0, -1)))
+    elif kind == RELU:
+        flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+        for k in range(flat_x.size):
+            flat_out[k] = flat_x[k] if flat_x[k] > 0 else 0
+    else:
+        maxpool_kernel(x, row[POOL_SIZE], row[POOL_STRIDE], out, _output_of(row, switches, batch, n0, n1))
+
+
+@njit(cache=True)
+def _backward_row(row, params, images, acts, switches, grads, grad_copy, input_grad, batch, n0, n1):
+    """One program row's backward pass for samples n0 … n1−1: dL/d(its input) into ``grads`` (or into
+    ``input_grad`` for the first row, when that is not empty), its dW and db added into ``grad_copy``."""
+    x, out = _input_of(row, images, acts, batch, n0, n1), _output_of(row, acts, batch, n0, n1)
+    dout = _output_of(row, grads, batch, n0, n1)
+    first = row[IN_START] < 0
+    need_dx = not first or input_grad.size > 0
+    if first:
+        dx = input_grad[n0:n1] if input_grad.size > 0 else x
+    else:
+        dx = _input_of(row, images, grads, batch, n0, n1)
+    kind, relu = row[KIND], row[APPLY_RELU] == 1
+    if kind == CONV:
+        W, _ = _weights(row, params)
+        dW, db = _weights(row, grad_copy)
+        pooled = row[POOL_SIZE] > 0
+        if pooled:
+            switch = _output_of(row, switches, batch, n0, n1)
+        else:
+            switch = np.empty((n1 - n0, row[C_OUT], 0, 0), np.int64)
+        _conv_block_backward_chunk(dout, out, switch, x, W, row[STRIDE], row[PAD], relu, pooled, dW, db, dx,
+                                   need_dx, 0, conv_items(x, W, row[STRIDE], row[PAD], True))
+    elif kind == DENSE:
+        W, _ = _weights(row, params)
+        dW, db = _weights(row, grad_copy)
+        dy = dout.reshape((n1 - n0, -1))
+        if relu:
+            _relu_gate(dy.reshape(-1), out.reshape(-1))
+        _dense_backward(dy, x.reshape((n1 - n0, -1)), W.reshape((W.shape[0], -1)), dW.reshape((W.shape[0], -1)),
+                        db, dx.reshape((n1 - n0, -1)), need_dx)
+    elif kind == RELU:
+        if need_dx:
+            flat_dx, flat_dout, flat_out = dx.reshape(-1), dout.reshape(-1), out.reshape(-1)
+            for k in range(flat_dx.size):
+                flat_dx[k] = flat_dout[k] if flat_out[k] > 0 else 0
+    elif need_dx:
+        maxpool_backward_kernel(dout, _output_of(row, switches, batch, n0, n1), dx)
+
+
+@njit(cache=True)
+def _run_block(program, params, images, labels, acts, switches, grads, grad_copy, input_grad, batch, n0, n1,
+               forward, backward):
+    """Samples n0 … n1−1 through the whole network: forward (and the loss, when there are labels), then
+    backward. Returns the block's summed loss (0 without labels or without a forward pass)."""
+    loss = 0.0
+    last = program[program.shape[0] - 1]
+    if forward:
+        for index in range(program.shape[0]):
+            _forward_row(program[index], params, images, acts, switches, batch, n0, n1)
+        if labels.size > 0:
+            logits = _output_of(last, acts, batch, n0, n1).reshape((n1 - n0, -1))
+            dlogits = _output_of(last, grads, batch, n0, n1).reshape((n1 - n0, -1))
+            loss = _softmax_cross_entropy(logits, labels[n0:n1], batch, dlogits)
+    if backward:
+        grad_copy[:] = 0
+        for index in range(program.shape[0] - 1, -1, -1):
+            _backward_row(program[index], params, images, acts, switches, grads, grad_copy, input_grad, batch, n0, n1)
+    return loss
+
+
+@njit(parallel=True, cache=True)
+def run_blocks(program, params, images, labels, acts, switches, grads, grad_copies, block_losses, input_grad,
+               forward, backward, threads):
+    """Every block of the batch through the network, ONE parallel region: worker w takes blocks
+    chunk_range(w, workers, blocks), each from the first layer to the last (and back, if ``backward``).
+
+    Writes acts (and switches) forward, block_losses[k] (the summed loss of block k) when there are
+    labels, and backward grads and grad_copies[k] (block k's dW, db); ``input_grad`` (dL/d images)
+    when it is not empty.
+    """
+    batch = images.shape[0]
+    blocks = -(-batch // BLOCK_SAMPLES)
+    workers = min(threads, blocks)
+    for worker in prange(workers):
+        first, end = chunk_range(worker, workers, blocks)
+        for block in range(first, end):
+            n0, n1 = block * BLOCK_SAMPLES, min(batch, (block + 1) * BLOCK_SAMPLES)
+            loss = _run_block(program, params, images, labels, acts, switches, grads, grad_copies[block],
+                              input_grad, batch, n0, n1, forward, backward)
+            if forward:
+                block_losses[block] = loss
+
+
+@njit(parallel=True, cache=True)
+def sum_block_gradients(grad_copies, grad, threads):
+    """grad[i] = Σ_k grad_copies[k, i], k in block order (the same sum on any number of threads).
+
+    Threads take contiguous ranges of i: a second, short parallel region.
+    """
+    workers = min(threads, max(1, grad.size // 4096))
+    for worker in prange(workers):
+        lo, hi = chunk_range(worker, workers, grad.size)
+        total = grad[lo:hi]
+        total[:] = grad_copies[0, lo:hi]
+        for block in range(1, grad_copies.shape[0]):      # block by block: a contiguous SIMD add, in order for each i
+            share = grad_copies[block, lo:hi]
+            for i in range(total.size):
+                total[i] += share[i]
