@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -54,6 +55,12 @@ class Invalid(ValueError):
 
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
+
+
+def said(err: BaseException) -> str:
+    """An exception from a library, as a short single line: "BadZipFile: Bad CRC-32 for file 'params.npy'"."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:117] + '...' if len(text) > 120 else text}"
 
 
 @dataclass
@@ -123,8 +130,9 @@ def _open_zip(handle) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(handle)
     # a damaged end record or central directory surfaces as any of these, depending on which byte
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OverflowError, EOFError, OSError) as err:
-        raise Invalid("the archive", f"is not a readable zip (.npz) archive ({err})") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OverflowError, EOFError, OSError,
+            NotImplementedError) as err:                # NotImplementedError: "zip file version 20.7"
+        raise Invalid("the archive", f"is not a readable zip (.npz) archive ({said(err)})") from None
 
 
 def _directory(archive: zipfile.ZipFile, size: int) -> dict[str, zipfile.ZipInfo]:
@@ -158,7 +166,8 @@ def _directory(archive: zipfile.ZipFile, size: int) -> dict[str, zipfile.ZipInfo
 def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, field: str) -> Member:
     """The member's .npy header, read with numpy's readers from the start of the member only."""
     try:
-        with archive.open(info) as stream:
+        with archive.open(info) as stream, warnings.catch_warnings():
+            warnings.simplefilter("ignore")         # ast's SyntaxWarning about a damaged header's backslash
             version = npy.read_magic(stream)
             if version not in ((1, 0), (2, 0)):
                 raise Invalid(field, f".npy format version {version[0]}.{version[1]}; np.savez writes 1.0 or 2.0")
@@ -169,7 +178,7 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, field: str) -> Memb
         raise
     except Exception as err:    # noqa: BLE001 — numpy parses the header text with tokenize and ast: damaged
         # bytes raise ValueError, SyntaxError, tokenize.TokenError, TypeError, ... and zipfile BadZipFile
-        raise Invalid(field, f"its .npy header is damaged ({type(err).__name__}: {str(err)[:120]})") from None
+        raise Invalid(field, f"its zip entry or .npy header is damaged ({said(err)})") from None
     if any(not isinstance(length, int) or length < 0 for length in shape):
         raise Invalid(field, f"its header declares the shape {shape}")
     member = Member(field, info, header_size, tuple(shape), bool(fortran), dtype)
@@ -208,7 +217,7 @@ def _data(archive: zipfile.ZipFile, member: Member) -> bytes:
         with archive.open(member.info) as stream:
             raw = stream.read()
     except Exception as err:    # noqa: BLE001 — BadZipFile (CRC), zlib.error, EOFError, OSError: damaged bytes
-        raise Invalid(member.field, f"its bytes are damaged ({type(err).__name__}: {str(err)[:120]})") from None
+        raise Invalid(member.field, f"its bytes are damaged ({said(err)})") from None
     if len(raw) != member.info.file_size:
         raise Invalid(member.field, f"holds {len(raw)} bytes, its entry declares {member.info.file_size}")
     return raw[member.header_size:]
@@ -224,7 +233,7 @@ def _json(archive: zipfile.ZipFile, member: Member):
         text = str(_array(archive, member)[()])
         return json.loads(text)
     except (ValueError, RecursionError) as err:     # not JSON, nested too deep, an invalid code point
-        raise Invalid(member.field, f"is not valid JSON ({type(err).__name__}: {str(err)[:120]})") from None
+        raise Invalid(member.field, f"is not valid JSON ({said(err)})") from None
 
 
 def _integer(archive: zipfile.ZipFile, member: Member) -> int:
@@ -257,10 +266,17 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _kind(value) -> str:
+    """What a parsed JSON value is, in JSON's words: "a list", "a number", "null" ..."""
+    kinds = {dict: "an object", list: "a list", str: "a text", bool: "a boolean", type(None): "null",
+             int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
 def _check_config(config) -> dict:
     """The saved settings obey the same rules as the command line's (TrainConfig.check); returns them."""
     if not isinstance(config, dict):
-        raise Invalid("config", f"must be a JSON object of settings, is a {type(config).__name__}")
+        raise Invalid("config", f"must be a JSON object of settings, is {_kind(config)}")
     if "model" not in config:
         raise Invalid("config", "names no model")
     known = {field.name for field in fields(TrainConfig)}
@@ -283,40 +299,40 @@ def _check_rng_state(state) -> None:
     """numpy's PCG64 state, as ``Generator.bit_generator.state`` gives it (what ``default_rng`` uses)."""
     if not isinstance(state, dict) or set(state) != RNG_STATE_KEYS:
         raise Invalid("rng_state", f"must be numpy's generator state {{{', '.join(sorted(RNG_STATE_KEYS))}}}, "
-                                   f"got {str(state)[:60]}")
+                                   f"got {repr(state)[:60]}")
     inner = state["state"]
     if state["bit_generator"] != "PCG64" or not isinstance(inner, dict) or set(inner) != {"state", "inc"}:
         raise Invalid("rng_state", "must be the state of a PCG64 generator (numpy's default_rng)")
     for name, value, limit in (("state", inner["state"], 2**128), ("inc", inner["inc"], 2**128),
                                ("has_uint32", state["has_uint32"], 2), ("uinteger", state["uinteger"], 2**32)):
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
-            raise Invalid("rng_state", f"{name} must be an integer in [0, {limit}), got {str(value)[:40]}")
+            raise Invalid("rng_state", f"{name} must be an integer in [0, {limit}), got {repr(value)[:40]}")
     try:
         np.random.PCG64().state = state
     except (ValueError, TypeError, OverflowError) as err:
-        raise Invalid("rng_state", f"numpy refuses it ({err})") from None
+        raise Invalid("rng_state", f"numpy refuses it ({said(err)})") from None
 
 
 def _check_history(history) -> None:
     """The lists and totals the trainer appends to when it resumes (cnn.train, cnn.parallel)."""
     if not isinstance(history, dict):
-        raise Invalid("history", f"must be a JSON object, is a {type(history).__name__}")
+        raise Invalid("history", f"must be a JSON object, is {_kind(history)}")
     for key in ("steps", "evals", "epochs"):
         if not isinstance(history.get(key), list):
-            raise Invalid("history", f"{key} must be a list, got {str(history.get(key, 'nothing'))[:40]}")
+            raise Invalid("history", f"{key} must be a list, got {repr(history[key])[:40] if key in history else 'nothing'}")
     seconds = history.get("train_seconds")
     if not _is_number(seconds) or not math.isfinite(seconds) or seconds < 0:
-        raise Invalid("history", f"train_seconds must be a finite number >= 0, got {str(seconds)[:40]}")
+        raise Invalid("history", f"train_seconds must be a finite number >= 0, got {repr(seconds)[:40]}")
     for index, step in enumerate(history["steps"]):
         if not (isinstance(step, list) and len(step) == 4 and isinstance(step[0], int) and not isinstance(step[0], bool)
                 and all(_is_number(value) or value is None for value in step[1:])):
-            raise Invalid("history", f"steps[{index}] must be [step, loss, lr, seconds], got {str(step)[:60]}")
+            raise Invalid("history", f"steps[{index}] must be [step, loss, lr, seconds], got {repr(step)[:60]}")
     for index, entry in enumerate(history["evals"]):
         if not (isinstance(entry, list) and len(entry) == 4 and all(_is_number(value) for value in entry)):
-            raise Invalid("history", f"evals[{index}] must be [step, accuracy, loss, seconds], got {str(entry)[:60]}")
+            raise Invalid("history", f"evals[{index}] must be [step, accuracy, loss, seconds], got {repr(entry)[:60]}")
     for index, entry in enumerate(history["epochs"]):
         if not (isinstance(entry, dict) and all(_is_number(entry.get(key)) for key in ("test_accuracy", "test_loss"))):
-            raise Invalid("history", f"epochs[{index}] must hold a test_accuracy and a test_loss, got {str(entry)[:60]}")
+            raise Invalid("history", f"epochs[{index}] must hold a test_accuracy and a test_loss, got {repr(entry)[:60]}")
 
 
 def _check_parallel(record, batch: int) -> None:
@@ -324,9 +340,9 @@ def _check_parallel(record, batch: int) -> None:
     from cnn.parallel import STRATEGIES
 
     if not isinstance(record, dict):
-        raise Invalid("parallel", f"must be a JSON object, is a {type(record).__name__}")
+        raise Invalid("parallel", f"must be a JSON object, is {_kind(record)}")
     if record.get("strategy") not in STRATEGIES:
-        raise Invalid("parallel", f"strategy {str(record.get('strategy'))[:40]!r} is none of {', '.join(STRATEGIES)}")
+        raise Invalid("parallel", f"strategy {repr(record.get('strategy'))[:40]} is none of {', '.join(STRATEGIES)}")
     for name, rule in (("ranks", positive_int), ("workers", positive_int), ("global_batch", positive_int),
                        ("images_into_epoch", count)):
         try:
