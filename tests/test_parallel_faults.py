@@ -10,6 +10,8 @@ are skipped with the reason.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,35 @@ __all__ = ["data_dir"]        # the fixture, shared with test_parallel
 
 def saved_at(path) -> checkpoint.Saved:
     return checkpoint.load(path)
+
+
+def run_with_clock(strategy, ranks, data_dir, tmp_path, **options):
+    """Launch as ``run_parallel`` does, noting when each line of stderr arrived (``clocked``)."""
+    options = {"data_dir": str(data_dir), "batch_size": 8, "epochs": 1, "lr": 0.02, "progress": False,
+               "checkpoint": str(tmp_path / "run.npz"), "summary": str(tmp_path / "run.json"), **options}
+    return clocked(launch.command(strategy, ranks, **options), launch.environment())
+
+
+def clocked(argv, env):
+    """Run ``argv``, noting when each line of its stderr arrived; returns the exit code,
+    [(seconds since the start, line)] and the seconds until it ended."""
+    import subprocess
+    import threading
+    import time
+
+    started = time.monotonic()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic() - started, line) for line in process.stderr))
+    reader.start()
+    code = process.wait(timeout=300)
+    ended = time.monotonic() - started
+    reader.join()
+    return code, lines, ended
+
+
+def seconds_of(lines, fragment) -> float:
+    return next(when for when, line in lines if fragment in line)
 
 
 # -- synchronous strategies: stop with a checkpoint of the last completed step ---------------------
@@ -77,6 +108,38 @@ def test_a_lost_rank_stops_the_run_cleanly_at_any_rank_count(strategy, ranks, da
     assert (int(saved["epoch"]), int(saved["batch"])) == (0, 2)
     if strategy == "model-parallel":                 # half the network died with rank 1
         assert "each rank holds part of the network" in killed.stderr and "image 16" in killed.stderr
+
+
+TIMED = 4.0                   # the peer timeout of the tests that time the stop
+
+
+@pytest.mark.parametrize("strategy, ranks", [("allreduce", 3), ("ps-sync", 2)])
+def test_a_kill_stops_a_synchronous_job_with_its_checkpoint_within_one_and_a_half_timeouts(strategy, ranks, data_dir,
+                                                                                              tmp_path):
+    """kill -9 of a rank → every survivor out, the checkpoint written, within 1.5 timeouts of the kill
+    (it took three and more: each survivor waited out a timeout of its own, the roll call two more).
+    Timed from the killed rank's last line to the end of mpiexec, with a 4 s timeout: the slack of
+    2 s covers a loaded machine's scheduling, the old behaviour needed 12 s and more."""
+    code, lines, ended = run_with_clock(strategy, ranks, data_dir, tmp_path, limit_train=144, kill_rank=1,
+                                        kill_at_step=2, peer_timeout=TIMED)
+    killed = seconds_of(lines, "killing itself")
+    assert code == 1, lines
+    assert ended - killed <= 1.5 * TIMED + 2.0, (ended - killed, lines)
+    assert ended - killed >= TIMED, lines                 # not before the deadline: the test can fail
+    assert any("checkpoint of the last completed step (2)" in line for _, line in lines), lines
+    assert int(checkpoint_of(tmp_path / "run.npz")["batch"]) == 2
+
+
+def test_downpour_carries_on_within_one_and_a_quarter_timeouts_and_says_a_peer_was_lost(data_dir, tmp_path):
+    """The server declares a silent replica lost at most 1.25 timeouts after its last message (it looks
+    every quarter timeout), carries on, and the run exits with 1: a peer was lost."""
+    code, lines, _ = run_with_clock("downpour", 3, data_dir, tmp_path, epochs=2, kill_rank=2, kill_at_step=3,
+                                    peer_timeout=TIMED, **ASYNC)
+    delay = seconds_of(lines, "rank 2 silent") - seconds_of(lines, "killing itself")
+    assert TIMED <= delay <= 1.25 * TIMED + 2.0, (delay, lines)
+    assert code == 1, lines
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["status"] == "completed without rank(s) 2"
 
 
 def test_resuming_on_another_number_of_ranks_starts_at_the_same_image(data_dir, tmp_path):

@@ -45,7 +45,7 @@ import numpy as np
 from mpi4py import MPI
 
 from cnn.parallel.common import Run
-from cnn.parallel.synchronous import Exchange, train_synchronous
+from cnn.parallel.synchronous import TAIL, Exchange, train_synchronous
 from cnn.parallel.timing import AVERAGE, UPDATE
 from cnn.stages.base import HostStage
 
@@ -96,21 +96,21 @@ def mpi_allreduce(world, vector: np.ndarray) -> np.ndarray:
 
 
 class Allreduce(Exchange):
-    """The exchange of one allreduce step: average [gradient | loss], then every rank takes the SGD step.
-    (Every rank holds the weights and the momentum: a rescue checkpoint lacks nothing.)"""
+    """The exchange of one allreduce step: average [gradient | loss | stop], then every rank takes the
+    SGD step. (Every rank holds the weights and the momentum: a rescue checkpoint lacks nothing.)"""
 
     def __init__(self, world, timer, algorithm: str):
         self.world, self.timer, self.algorithm = world, timer, algorithm
         self.reduce = ring_allreduce if algorithm == "ring" else mpi_allreduce
 
-    def __call__(self, message: np.ndarray, opt, lr: float) -> float:
-        size = len(message) - 1
+    def __call__(self, message: np.ndarray, opt, lr: float) -> tuple[float, bool]:
+        size = len(message) - TAIL
         with self.timer.phase(AVERAGE, label=f"allreduce ({self.algorithm})"):
             self.reduce(self.world, message)
             message /= self.world.size
         with self.timer.phase(UPDATE):
             opt.step(message[:size], lr)
-        return float(message[size])
+        return float(message[size]), bool(message[size + 1] > 0)
 
 
 def layer_buckets(net) -> dict[int, tuple[int, int]]:
@@ -130,11 +130,11 @@ class OverlappedAllreduce(Allreduce):
         self.buckets, self.pending = layer_buckets(net), []
 
     def compute(self, stage: HostStage, images, labels, message: np.ndarray) -> None:
-        comm, size = self.world.comm, len(message) - 1
+        comm, size = self.world.comm, len(message) - TAIL
         stage.load_batch(images, labels)
         stage.forward()
         message[size] = stage.fetch_loss()
-        self.pending = [comm.Iallreduce(MPI.IN_PLACE, message[size:], op=MPI.SUM)]
+        self.pending = [comm.Iallreduce(MPI.IN_PLACE, message[size:], op=MPI.SUM)]    # [loss | stop]
         grad_out = stage.dlogits
         for index in reversed(range(len(stage.net.layers))):
             grad_out = stage._layer_backward(index, grad_out)
@@ -144,14 +144,14 @@ class OverlappedAllreduce(Allreduce):
                 self.pending.append(comm.Iallreduce(MPI.IN_PLACE, message[start:stop], op=MPI.SUM))
             MPI.Request.Testall(self.pending)            # progress: a collective moves on inside MPI calls
 
-    def __call__(self, message: np.ndarray, opt, lr: float) -> float:
-        size = len(message) - 1
+    def __call__(self, message: np.ndarray, opt, lr: float) -> tuple[float, bool]:
+        size = len(message) - TAIL
         with self.timer.phase(AVERAGE, label="allreduce (buckets still in flight)"):
             self.world.wait(self.pending, "gradient buckets")
             message /= self.world.size
         with self.timer.phase(UPDATE):
             opt.step(message[:size], lr)
-        return float(message[size])
+        return float(message[size]), bool(message[size + 1] > 0)
 
 
 def check_overlap(options, stage_class) -> None:

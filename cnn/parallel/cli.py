@@ -16,7 +16,10 @@ defaults differ:
 Give the flag to choose yourself. The arguments are parsed before MPI starts, so a bad flag costs
 nothing; only rank 0 prints the one-line error (the rank comes from the launcher's environment).
 A run that loses a peer, diverges or ends at chance accuracy exits with 1 (the last with a
-warning, never "completed"); bad input exits with 2 on every rank.
+warning, never "completed"); bad input exits with 2 on every rank. The synchronous strategies
+(``ps-sync``, ``allreduce`` on host stages) stop politely on SIGINT or SIGTERM to any rank: the
+ranks agree on the step, rank 0 writes a checkpoint of exactly that point and says how to resume,
+and the run exits with 130 or 143.
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ def build_parser() -> RankZeroParser:
     hooks.add_argument("--kill-at-step", type=count, default=None, help="... at this step")
     hooks.add_argument("--slow-rank", type=count, default=None, help="this rank computes --slow-down times slower")
     hooks.add_argument("--slow-down", type=positive_float, default=3.0)
+    hooks.add_argument("--interrupt-rank", type=count, default=None, help="this rank sends itself a signal ...")
+    hooks.add_argument("--interrupt-at-step", type=count, default=None, help="... at this step ...")
+    hooks.add_argument("--interrupt-signal", choices=("INT", "TERM"), default="TERM", help="... this one")
     return parser
 
 
@@ -125,7 +131,10 @@ def settings_from_args(args: argparse.Namespace):
     if args.overlap and args.allreduce != "mpi":
         raise ValueError("--overlap needs --allreduce mpi: the hand-written ring waits on every chunk")
     options = ParallelOptions(**{f.name: getattr(args, f.name) for f in fields(ParallelOptions)})
-    hooks = FaultHooks(args.kill_rank, args.kill_at_step, args.slow_rank, args.slow_down)
+    if (args.interrupt_rank is None) != (args.interrupt_at_step is None):
+        raise ValueError("--interrupt-rank and --interrupt-at-step go together")
+    hooks = FaultHooks(args.kill_rank, args.kill_at_step, args.slow_rank, args.slow_down, args.interrupt_rank,
+                       args.interrupt_at_step, args.interrupt_signal)
     return args, options, hooks
 
 
@@ -133,12 +142,11 @@ def run_strategy(args, options, hooks) -> int:
     """Start MPI, check the layout, train with the strategy, report; returns the exit code."""
     from mpi4py import MPI
 
-    from cnn.parallel.common import Run
+    from cnn.parallel.common import Interrupted, Run
     from cnn.parallel.world import PeerLost, World
     from cnn.train import TrainingDiverged
 
     world = World(MPI.COMM_WORLD, options.peer_timeout, hooks, quiet=not args.progress)
-    world.listen_for_roll_calls()
     module = importlib.import_module(STRATEGIES[options.strategy])
     workers, roles = module.layout(world.size, options)
     if args.lr_scale is None:
@@ -146,10 +154,13 @@ def run_strategy(args, options, hooks) -> int:
     config = config_from_args(args)
     command = "mpiexec -n {} python -m mpi4py -m cnn.parallel {}".format(world.size, " ".join(sys.argv[1:]))
     run = Run(config, options, world, workers, roles, command)
+    world.listen_for_roll_calls()
     try:
         extra = module.train(run)
     except PeerLost as lost:
         return world.leave(run.stop_after_loss(lost))
+    except Interrupted as stop:
+        return world.leave(run.stop_on_signal(stop))
     except TrainingDiverged as err:
         if world.rank == 0:
             world.warn(f"python -m cnn.parallel: {err}")
@@ -175,6 +186,7 @@ def main(argv=None) -> int:
         args, options, hooks = settings_from_args(args)
         return run_strategy(args, options, hooks)
     except (ValueError, DataError, StageUnavailable) as err:
-        if speaks:
-            print(f"python -m cnn.parallel: error: {err}", file=sys.stderr, flush=True)
+        if speaks:                       # one line per problem (a host check may find several)
+            for line in str(err).splitlines():
+                print(f"python -m cnn.parallel: error: {line}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.train import TrainConfig, TrainingDiverged, divergence_message, evaluate, load_dataset, lr_at
-from cnn.parallel import checkpoint
+from cnn.parallel import checkpoint, hosts
 from cnn.parallel.checkpoint import Position, jsonable
 from cnn.parallel.timing import PhaseTimer, format_breakdown, format_step, write_timeline
 from cnn.parallel.world import PeerLost, World
@@ -56,6 +56,14 @@ class ParallelOptions:
     split: str | None = None            # model-parallel: the cut, "K" or "K:C" (default: balanced by cost)
     micro_batches: int = 1              # model-parallel: micro-batches per batch (pipelining)
     reduced: bool = False               # the network's narrow copy on the images' centre (the CUDA simulator)
+
+
+class Interrupted(Exception):
+    """Every rank agreed to stop after ``steps_done`` steps: a rank was sent SIGINT or SIGTERM."""
+
+    def __init__(self, signal_name: str, exit_code: int, steps_done: int):
+        super().__init__(f"stopped by {signal_name} after step {steps_done}")
+        self.signal_name, self.exit_code, self.steps_done = signal_name, exit_code, steps_done
 
 
 class Packet:
@@ -90,7 +98,9 @@ class Run:
         self.workers, self.roles, self.command = workers, roles, command
         self.net = get_network(config.model, reduced_copy=options.reduced)
         self.dtype = np.dtype(config.dtype)
-        self.train_x, self.train_y, self.test_x, self.test_y = load_dataset(config)
+        hosts.check_job(world, config)        # every host: the same interpreter, package, dataset
+        self.train_x, self.train_y, self.test_x, self.test_y = load_dataset(
+            replace(config, progress=config.progress and world.rank == 0))     # rank 0 alone prints the data line
         if options.reduced:          # the narrow copy's smaller input: the centre of each image
             size = self.net.input_shape[1:]
             self.train_x, self.test_x = centre_crop(self.train_x, size), centre_crop(self.test_x, size)
@@ -267,6 +277,31 @@ class Run:
             self.world.warn(f"cnn.parallel: {message}")
         self.report(status="stopped", message=message, reporter=writer, patience=1.0)
         return 1
+
+    def interrupted(self, stop) -> None:
+        """The ranks agreed to stop after this step (``synchronous.train_synchronous``): learn which
+        signal asked — SIGTERM, a scheduler's notice, wins over SIGINT when ranks got both — and
+        raise ``Interrupted``."""
+        mine = np.array([stop.exit_code == 130, stop.exit_code == 143], np.float64)
+        _, terms = self.world.allreduce_sum(mine, "which signal stopped the run")
+        name, code = ("SIGTERM", 143) if terms else ("SIGINT", 130)
+        raise Interrupted(name, code, self.completed_steps)
+
+    def stop_on_signal(self, stop: Interrupted) -> int:
+        """Rank 0 writes a checkpoint of exactly the step every rank stopped after and says in one
+        line where it is and how to resume; the summary is written; the signal's exit code."""
+        self.training_done()
+        message = f"{stop}"
+        if self.rank == 0:
+            path = self.save(stop.steps_done)
+            again = self.command if " --resume" in self.command else self.command + " --resume"
+            epoch, batch = divmod(stop.steps_done, self.steps_per_epoch)
+            message = (f"stopped by {stop.signal_name} after step {stop.steps_done} of {self.total_steps} "
+                       f"(epoch {epoch + 1}, batch {batch}): checkpoint of exactly that point in {path}; "
+                       f"continue with: {again}")
+            self.world.warn(f"cnn.parallel: {message}")
+        self.report(status=f"stopped by {stop.signal_name}", message=message, patience=1.0)
+        return stop.exit_code
 
     def _rescue(self) -> str:
         """Write what this rank holds of the last completed step, if it is enough to continue; say so."""

@@ -102,7 +102,7 @@ def serve(run: Run, stage, params: np.ndarray) -> dict:
     updates_per_epoch = max(1, run.steps_per_epoch * run.workers // run.options.n_push)
     while active:
         with timer.phase("waiting"):
-            index = world.poll_any(requests, patience=min(1.0, world.timeout))
+            index = world.poll_any(requests, patience=min(1.0, world.timeout / 4))   # a silent replica: found within 1.25 timeouts
         if index is None:
             _drop_silent(run, active, last_heard, requests, replicas)
             continue
@@ -145,7 +145,7 @@ def _drop_silent(run: Run, active: set, last_heard: dict, requests: list, replic
             active.discard(replica)
             world.lost.add(replica)
             index = replicas.index(replica)
-            requests[index].Cancel()
+            world.cancel(requests[index], f"receive from rank {replica}")
             requests[index] = MPI.REQUEST_NULL
             others = ", ".join(map(str, sorted(active)))
             world.warn(f"downpour: rank {replica} silent for {world.timeout:g} s — lost; "

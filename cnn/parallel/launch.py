@@ -49,6 +49,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from cnn.parallel import hosts
+
+PROG = "python -m cnn.parallel.launch"
+MULTI_HOST_FAULT_FLAGS = ["--mca", "mpi_ft_enable", "1"]
+"""Across hosts the ranks talk over TCP, and Open MPI's TCP transport aborts the whole job when a
+peer's socket closes, ``recoverable`` or not; with its fault-tolerance layer (ULFM) enabled it
+reports the failure to the survivors instead, as an error of the request that involved the dead
+rank (``World.wait`` turns it into PeerLost). On one host (shared memory) a dead peer is only
+silent, and the deadlines find it."""
 ROOT_VARIABLES = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 QUIET_VARIABLES = {"OMPI_MCA_osc": "^ucx"}   # Open MPI's UCX one-sided component complains on machines without UCX
 
@@ -129,15 +138,20 @@ def usable_cores() -> int:
 
 
 def launcher_flags(mpiexec: str, ranks: int, fault_tolerant: bool = True, hostfile: str | None = None,
-                   cores: int | None = None) -> list[str]:
-    """The ``mpiexec`` flags before ``-n``: hosts, oversubscription, binding, fault tolerance."""
+                   cores: int | None = None, forward: list[str] = ()) -> list[str]:
+    """The ``mpiexec`` flags before ``-n``: hosts, the variables to forward, oversubscription,
+    binding, fault tolerance."""
     mpi = mpi_version(mpiexec)
     cores = usable_cores() if cores is None else cores
     if mpi.flavour == "openmpi":
         flags = ["--hostfile", hostfile] if hostfile else (["--oversubscribe"] if ranks > cores else [])
+        flags += [flag for name in forward for flag in ("-x", name)]
         flags += ["--bind-to", "none"]
+        if hostfile and fault_tolerant and mpi.version >= (5,):
+            flags += MULTI_HOST_FAULT_FLAGS
     elif mpi.flavour == "mpich":
         flags = ["-f", hostfile] if hostfile else []
+        flags += ["-genvlist", ",".join(forward)] if forward else []
     else:
         flags = ["--hostfile", hostfile] if hostfile else []
     recoverable = recoverable_flags(mpi) if fault_tolerant else None
@@ -161,17 +175,45 @@ def option_flags(options: dict) -> list[str]:
 
 
 def command(strategy: str, ranks: int, fault_tolerant: bool = True, python: str | None = None,
-            hostfile: str | None = None, **options) -> list[str]:
-    """The full mpiexec command line for a run."""
-    return mpiexec_command(ranks, ["--strategy", strategy, *option_flags(options)], fault_tolerant, python, hostfile)
+            hostfile: str | None = None, env: dict | None = None, **options) -> list[str]:
+    """The full mpiexec command line for a run (``env``: the environment it will run in)."""
+    return mpiexec_command(ranks, ["--strategy", strategy, *option_flags(options)], fault_tolerant, python, hostfile,
+                           env)
 
 
 def mpiexec_command(ranks: int, flags: list[str], fault_tolerant: bool = True, python: str | None = None,
-                    hostfile: str | None = None) -> list[str]:
-    """``mpiexec [launcher flags] -n RANKS python -m mpi4py -m cnn.parallel FLAGS``."""
+                    hostfile: str | None = None, env: dict | None = None) -> list[str]:
+    """``mpiexec [launcher flags] -n RANKS python -m mpi4py -m cnn.parallel FLAGS``, forwarding the
+    variables of ``env`` (default: ``environment()``) that a rank on another host needs."""
     mpiexec = find_mpiexec()
-    return [mpiexec, *launcher_flags(mpiexec, ranks, fault_tolerant, hostfile), "-n", str(ranks),
+    forward = hosts.forwarded(environment() if env is None else env)
+    return [mpiexec, *launcher_flags(mpiexec, ranks, fault_tolerant, hostfile, forward=forward), "-n", str(ranks),
             python or sys.executable, "-m", "mpi4py", "-m", "cnn.parallel", *flags]
+
+
+def preflight(hostfile: str, data_dir: str | None = None, model: str = "lenet5", python: str | None = None,
+              env: dict | None = None, timeout: float = 120) -> list[str]:
+    """Before a multi-host run: one process per host of ``hostfile`` (through ``/bin/sh``, so that a host
+    without the interpreter can say so) reports what it has; one line per host that lacks the
+    interpreter, the package or the dataset this machine has, or differs (``cnn.parallel.hosts``)."""
+    python = python or sys.executable
+    env = environment(env)
+    mpiexec = find_mpiexec()
+    if mpi_version(mpiexec).flavour != "openmpi":
+        return []                         # the one-per-host mapping below is Open MPI's; the job checks itself
+    argv = [mpiexec, "--hostfile", hostfile, "--map-by", "ppr:1:node",
+            *[flag for name in hosts.forwarded(env) for flag in ("-x", name)],
+            "/bin/sh", "-c", hosts.preflight_shell(python, data_dir, model)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return [f"the hosts of {hostfile} did not all answer within {timeout:g} s (mpiexec --hostfile {hostfile})"]
+    reports = hosts.parse_preflight(done.stdout, python)
+    if not reports:
+        tail = " ".join(done.stderr.split())[-300:]
+        return [f"mpiexec could not start one process on every host of {hostfile}: {tail}"]
+    here = hosts.host_report(data_dir, model)
+    return hosts.problems(reports, here)
 
 
 def environment(extra: dict | None = None) -> dict:
@@ -189,11 +231,17 @@ def environment(extra: dict | None = None) -> dict:
 def launch(strategy: str, ranks: int = 4, summary: str | None = None, timeout: float | None = 3600,
            fault_tolerant: bool = True, env: dict | None = None, cwd: str | None = None,
            hostfile: str | None = None, **options) -> Launch:
-    """Run ``strategy`` on ``ranks`` processes and wait; the summary is read from ``summary`` (a temp file by default)."""
+    """Run ``strategy`` on ``ranks`` processes and wait; the summary is read from ``summary`` (a temp file by
+    default). With a ``hostfile`` every host is checked first (``preflight``): a host that lacks
+    something ends the launch there, exit code 2, one line per problem on stderr."""
+    env = environment(env)
     with tempfile.TemporaryDirectory() as scratch:
         path = summary or str(Path(scratch) / "summary.json")
-        argv = command(strategy, ranks, fault_tolerant, hostfile=hostfile, summary=path, **options)
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=environment(env), cwd=cwd)
+        argv = command(strategy, ranks, fault_tolerant, hostfile=hostfile, env=env, summary=path, **options)
+        if hostfile and (problems := preflight(hostfile, options.get("data_dir"), options.get("model", "lenet5"),
+                                               env=env)):
+            return Launch(None, 2, "", "".join(f"{PROG}: error: {line}\n" for line in problems), argv)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
         result = json.loads(Path(path).read_text()) if Path(path).exists() else None
     return Launch(result, done.returncode, done.stdout, done.stderr, argv)
 
@@ -210,7 +258,7 @@ def run(strategy: str, ranks: int = 4, **options) -> dict:
 def main(argv=None) -> int:
     """``python -m cnn.parallel.launch -n RANKS [--hostfile FILE] [--dry-run] CNN.PARALLEL FLAGS``."""
     parser = argparse.ArgumentParser(
-        prog="python -m cnn.parallel.launch",
+        prog=PROG,
         description="Start python -m cnn.parallel on RANKS processes with the mpiexec flags this machine "
                     "needs; every other flag goes to cnn.parallel (python -m cnn.parallel --help lists them).")
     parser.add_argument("-n", "--np", dest="ranks", type=int, required=True, help="number of ranks")
@@ -223,14 +271,75 @@ def main(argv=None) -> int:
         parser.error(f"-n {args.ranks}: at least one rank")
     if args.hostfile and not Path(args.hostfile).is_file():
         parser.error(f"--hostfile {args.hostfile}: no such file")
+    env = environment()
     try:
-        argv = mpiexec_command(args.ranks, flags, not args.no_fault_tolerance, hostfile=args.hostfile)
+        argv = mpiexec_command(args.ranks, flags, not args.no_fault_tolerance, hostfile=args.hostfile, env=env)
     except FileNotFoundError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     print(shlex.join(argv), flush=True)
     if args.dry_run:
         return 0
-    return subprocess.run(argv, env=environment()).returncode
+    if args.hostfile:
+        data = argparse.ArgumentParser(add_help=False)
+        data.add_argument("--data-dir", default=None)
+        data.add_argument("--model", default="lenet5")
+        known, _ = data.parse_known_args(flags)
+        if problems := preflight(args.hostfile, known.data_dir, known.model, env=env):
+            parser.exit(2, "".join(f"{parser.prog}: error: {line}\n" for line in problems))
+    return run_relaying_stops(argv, env)
+
+
+def rank_processes(mpiexec_pid: int) -> list[int]:
+    """The ranks that ``mpiexec_pid`` started on this machine: its descendants that run cnn.parallel
+    (not the ssh clients that reach other hosts), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+            parent = int(rest.rsplit(") ", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(pid))
+    found, todo = [], [mpiexec_pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return [pid for pid in found if b"cnn.parallel" in _command_line(pid)]
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def run_relaying_stops(argv: list[str], env: dict) -> int:
+    """Run mpiexec; the first SIGINT or SIGTERM the launcher gets goes to the ranks on this machine —
+    a polite stop: the ranks agree on the step, checkpoint it and exit with 130 / 143 — where
+    mpiexec would end the job at once. (Ranks on other hosts learn of it from these ranks, in the
+    step's message.) A second signal goes to mpiexec, which ends the job."""
+    import signal
+
+    process = subprocess.Popen(argv, env=env, start_new_session=True)     # Ctrl-C reaches the launcher only
+    received = []
+
+    def relay(signum, frame):
+        received.append(signum)
+        targets = rank_processes(process.pid) if len(received) == 1 else [process.pid]
+        for pid in targets:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    previous = {signum: signal.signal(signum, relay) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

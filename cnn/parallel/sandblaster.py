@@ -276,9 +276,10 @@ class Coordinator:
         return out_since
 
     def _patience(self, done: set, copies: dict) -> float:
-        """How long to wait for a result: a second at most, less if an idle worker could back up a
-        portion that turns late sooner."""
-        patience, late_after = min(1.0, self.world.timeout), self._late_after()
+        """How long to wait for a result: a second (a quarter of the timeout, if less: a silent worker
+        is found within 1.25 timeouts) at most, less if an idle worker could back up a portion that
+        turns late sooner."""
+        patience, late_after = min(1.0, self.world.timeout / 4), self._late_after()
         if late_after is None or not self.active - set(self.assigned):
             return patience
         now = time.monotonic()
@@ -323,7 +324,7 @@ class Coordinator:
                 self.active.discard(worker)
                 self.world.lost.add(worker)
                 index = self.workers.index(worker)
-                self.receives[index].Cancel()
+                self.world.cancel(self.receives[index], f"receive from rank {worker}")
                 self.receives[index] = MPI.REQUEST_NULL
                 if task_round == self.round:
                     copies[portion] -= 1

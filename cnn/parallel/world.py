@@ -97,12 +97,16 @@ class PeerLost(RuntimeError):
 
 @dataclass
 class FaultHooks:
-    """Test hooks: ``kill_rank`` exits abruptly at ``kill_at_step``; ``slow_rank`` computes ``slow_down``× slower."""
+    """Test hooks: ``kill_rank`` exits abruptly at ``kill_at_step``; ``slow_rank`` computes ``slow_down``×
+    slower; ``interrupt_rank`` sends itself ``interrupt_signal`` ("INT" or "TERM") at ``interrupt_at_step``."""
 
     kill_rank: int | None = None
     kill_at_step: int | None = None
     slow_rank: int | None = None
     slow_down: float = 1.0
+    interrupt_rank: int | None = None
+    interrupt_at_step: int | None = None
+    interrupt_signal: str = "TERM"
 
 
 class World:
@@ -111,6 +115,11 @@ class World:
     def __init__(self, comm=None, timeout: float = 60.0, hooks: FaultHooks | None = None, quiet: bool = False):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        # An error that belongs to no communicator (Open MPI's TCP transport when a peer on another
+        # host dies: "Socket closed") goes to MPI_COMM_SELF's handler, by default one that aborts the
+        # job; returned instead, the survivors find the loss through their deadlines as on one host.
+        MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.timeout = timeout
         self.hooks = hooks or FaultHooks()
         self.quiet = quiet
@@ -138,7 +147,20 @@ class World:
             self._roll_call = self.comm.Irecv(self._roll_call_token, source=MPI.ANY_SOURCE, tag=TAG_ALIVE)
 
     def _heard_roll_call(self) -> bool:
-        return self._roll_call is not None and self._roll_call.Test()
+        """Whether a roll-call token came (with ULFM the listener, a receive from any source, also
+        reports any peer's failure: acknowledged, and left to the requests that involve the peer)."""
+        try:
+            return self._roll_call is not None and self._roll_call.Test()
+        except MPI.Exception:
+            self._acknowledge_failures()      # the listener stays posted and can still hear a token; the
+            return False                      # failure itself is for the requests that involved the peer
+
+    def _acknowledge_failures(self) -> None:
+        """ULFM: acknowledge the failures MPI reported, so that a receive from any source can match again."""
+        try:
+            self.comm.Ack_failed()
+        except (NotImplementedError, MPI.Exception):
+            pass
 
     def _roll_call_started(self) -> PeerLost:
         caller = int(self._roll_call_token[0])
@@ -172,8 +194,12 @@ class World:
         """
         requests, peers = list(requests), list(peers)
         limit = patience * self.timeout
-        if self._until(lambda: MPI.Request.Testall(requests), limit):
-            return
+        try:
+            if self._until(lambda: MPI.Request.Testall(requests), limit):
+                return
+        except MPI.Exception as err:          # a peer's failure reported by MPI itself (ULFM, across hosts)
+            raise PeerLost(f"rank {self.rank}: {what} failed: {err.Get_error_string()}",
+                           peers if len(set(peers)) < self.size else ()) from None
         if len(peers) == len(requests):
             peers = [peer for peer, request in zip(peers, requests) if not request.Test()]
         peers = sorted(set(peers))
@@ -185,19 +211,42 @@ class World:
         found = []
 
         def one_done() -> bool:
-            index, done = MPI.Request.Testany(requests)
+            try:
+                index, done = MPI.Request.Testany(requests)
+            except MPI.Exception:             # a failed peer's request (ULFM): set aside, its deadline finds it
+                self._set_aside_failed(requests, found)
+                return bool(found)
             if done and index != MPI.UNDEFINED:
                 found.append(index)
             return bool(found)
 
         return found[0] if self._until(one_done, patience) else None
 
+    @staticmethod
+    def _set_aside_failed(requests: list, found: list) -> None:
+        """Replace the requests MPI reports failed by MPI.REQUEST_NULL (in place); note one that completed."""
+        for index, request in enumerate(requests):
+            if request == MPI.REQUEST_NULL:
+                continue
+            try:
+                if request.Test():
+                    found.append(index)
+                    return
+            except MPI.Exception:
+                requests[index] = MPI.REQUEST_NULL
+
     def cancel(self, request, what: str) -> None:
         """Cancel a receive from a lost peer and complete it, as MPI requires (a cancelled request
         still has to be waited on). A receive the peer had half-filled cannot be cancelled: it is
         given up after a second, with a line."""
-        request.Cancel()
-        if not wait_until(request.Test, 1.0, self.oversubscribed):
+        if request == MPI.REQUEST_NULL:
+            return
+        try:
+            request.Cancel()
+            finished = wait_until(request.Test, 1.0, self.oversubscribed)
+        except MPI.Exception:                 # the peer's failure, reported by MPI: nothing left to complete
+            return
+        if not finished:
             self.warn(f"rank {self.rank}: could not cancel the {what} (a message was half-way)")
 
     # -- the two collectives of Horovod's recipe, bounded by the deadline -----------------------
@@ -235,6 +284,12 @@ class World:
             self.warn(f"rank {self.rank}: killing itself at step {step} (--kill-rank test hook)")
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def maybe_interrupt(self, step: int) -> None:
+        """``--interrupt-rank R --interrupt-at-step S``: rank R sends itself SIGINT or SIGTERM at step S,
+        as Ctrl-C or a scheduler would."""
+        if self.rank == self.hooks.interrupt_rank and step == self.hooks.interrupt_at_step:
+            os.kill(os.getpid(), getattr(signal, "SIG" + self.hooks.interrupt_signal))
+
     def maybe_straggle(self, compute_seconds: float) -> None:
         """``--slow-rank R --slow-down F``: rank R takes F times as long to compute."""
         if self.rank == self.hooks.slow_rank and self.hooks.slow_down > 1:
@@ -247,45 +302,71 @@ class World:
         Each survivor sends a token — its rank and the ranks it found silent — to every other rank
         and listens for theirs. The first token a waiting rank receives ends its wait at once
         (``listen_for_roll_calls``), so the survivors meet within moments of the first one noticing.
-        The roll call waits for every rank at most ``ROLL_CALL_PATIENCE`` timeouts, and for a rank
-        that some survivor found silent only ``SUSPECT_GRACE`` of one: a suspect that is alive is
-        waiting too and answers at once. (Agreeing on who is alive is itself a distributed problem;
-        ULFM's MPI_Comm_agree solves it properly. This roll call is enough when every live rank
-        enters a wait within half a timeout of the first notice, i.e. when the timeout is well above
-        a step's compute.)
+        The roll call ends when every rank has answered, or, after ``SUSPECT_GRACE`` of a timeout,
+        when the ranks still silent are all suspects (some survivor found them silent) or no answer
+        has come for that long; ``ROLL_CALL_PATIENCE`` timeouts at most. A live rank is waiting too,
+        or one step's compute away from it, and answers at once. (Agreeing on who is alive is
+        itself a distributed problem; ULFM's MPI_Comm_agree solves it properly. This roll call is
+        enough when the timeout is well above a step's compute: the default is 60 s.)
         """
         self.suspects.update(suspects)
         others = [r for r in range(self.size) if r != self.rank and r not in self.lost]
         answered = {self.rank}
         inbox = {}
         if self._roll_call is not None:            # the token that woke us, or one that came meanwhile
-            if self._roll_call.Test() or self._stop_listening():
-                answered.add(int(self._roll_call_token[0]))
-                self.suspects.update(r for r in range(self.size) if self._roll_call_token[1 + r])
+            try:
+                if self._roll_call.Test() or self._stop_listening():
+                    answered.add(int(self._roll_call_token[0]))
+                    self.suspects.update(r for r in range(self.size) if self._roll_call_token[1 + r])
+            except MPI.Exception:                  # ULFM: a receive from any source fails with any peer
+                self._acknowledge_failures()
+                try:
+                    if self._stop_listening():
+                        answered.add(int(self._roll_call_token[0]))
+                        self.suspects.update(r for r in range(self.size) if self._roll_call_token[1 + r])
+                except MPI.Exception:
+                    pass
             self._roll_call = None
         token = np.zeros(self.size + 1, np.int64)
         token[0] = self.rank
         token[1 + np.array(sorted(self.suspects), dtype=np.int64)] = 1
-        sends = {other: self.comm.Isend(token, dest=other, tag=TAG_ALIVE) for other in others}
-        pending = {}
+        sends, pending, failed = {}, {}, set()
         for other in others:
-            if other not in answered:
-                inbox[other] = np.zeros(self.size + 1, np.int64)
-                pending[other] = self.comm.Irecv(inbox[other], source=other, tag=TAG_ALIVE)
-        started = time.monotonic()
+            try:
+                sends[other] = self.comm.Isend(token, dest=other, tag=TAG_ALIVE)
+                if other not in answered:
+                    inbox[other] = np.zeros(self.size + 1, np.int64)
+                    pending[other] = self.comm.Irecv(inbox[other], source=other, tag=TAG_ALIVE)
+            except MPI.Exception:             # MPI knows it failed (ULFM)
+                failed.add(other)
+        started = last_answer = time.monotonic()
+        grace = SUSPECT_GRACE * self.timeout
 
         def settled() -> bool:
-            for other in [r for r, request in pending.items() if request.Test()]:
+            nonlocal last_answer
+            now = time.monotonic()
+            for other in list(pending):
+                try:
+                    if not pending[other].Test():
+                        continue
+                except MPI.Exception:
+                    failed.add(other)
+                    del pending[other]
+                    continue
                 answered.add(other)
                 self.suspects.update(r for r in range(self.size) if inbox[other][1 + r])
                 del pending[other]
-            late = time.monotonic() - started > SUSPECT_GRACE * self.timeout
-            return not pending or (late and all(r in self.suspects for r in pending))
+                last_answer = now
+            if not pending:
+                return True
+            if now - started < grace:
+                return False
+            return all(r in self.suspects for r in pending) or now - last_answer > grace
 
         wait_until(settled, ROLL_CALL_PATIENCE * self.timeout, self.oversubscribed)
         for other, request in pending.items():
             self.cancel(request, f"roll-call token of rank {other}")
-        self.lost.update(pending)
+        self.lost.update(pending, failed)
         wait_until(lambda: all(sends[r].Test() for r in answered if r in sends), 1.0, self.oversubscribed)
         return sorted(answered - self.lost)
 
