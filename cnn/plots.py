@@ -214,7 +214,7 @@ def compare_plot(results, save_to=_DEFAULT):
     axes.invert_yaxis()
     axes.set_xscale("log")
     axes.set_xlim(right=axes.get_xlim()[1] * 3)
-    axes.set_xlabel("training images per second (log)")
+    axes.set_xlabel("training images per second (log; steps timed phase by phase)")
     axes.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(2, len(results)), frameon=False)
     model = results[0]["config"]
     figure.suptitle(f"The stages on {len(results)} machines: {model['model']}, batch {model['batch_size']}",

@@ -7,7 +7,8 @@
   before anything imports numba (the first code cell of a CUDA notebook).
 - ``show(function, ...)``: the library's own source of a function or class, syntax-highlighted —
   the notebooks never carry a copy of the code they explain.
-- ``median_ms(call)``: how long ``call()`` takes, the median of a few runs (``cnn.bench``'s clock).
+- ``median_ms(call)``: how long ``call()`` takes, the median of a few runs (``cnn.bench``'s clock);
+  ``load_note()``: the line printed under a timing that says how busy the machine was.
 - ``recorded_results()`` / ``recorded_parallel()``: the benchmark and MPI-run results kept in
   ``benchmarks/results/`` (what GPU machines and cluster runs measured, for machines that cannot).
 - ``show_recorded_bench``, ``show_findings``, ``show_ablations``, ``show_kernel_profiles``, ``probe``,
@@ -231,6 +232,20 @@ def median_ms(call, repeats: int = 5, synchronize=lambda: None) -> float:
     clock = HostClock(synchronize)
     call()
     return summarize([clock.time(call) for _ in range(repeats)])["median"]
+
+
+def load_note() -> str:
+    """One line to print under a timing: the machine's 1-minute load average against its cores, and, when
+    other work kept it busy (``cnn.plots.busy_note``), that the times above are inflated."""
+    from cnn.plots import busy_note
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if load is None:
+        return "(the machine's load is unknown here: times taken while other work runs are inflated)"
+    busy = busy_note({"load_average": [load], "cores": cores})
+    return (f"(timed at a 1-minute load average of {load:.1f} on {cores} cores: "
+            + ("the machine was busy with other work, so these times are inflated)" if busy else "a quiet machine)"))
 
 
 def random_array(rng, *shape, dtype=np.float64) -> np.ndarray:

@@ -3,7 +3,8 @@
     python notebooks/execute.py            # every tutorial notebook, 00 to 14 (make notebooks)
     python notebooks/execute.py 04 08      # only the notebooks whose names start so
 
-The committed tutorial notebooks carry the outputs of such a run, so that a reader on GitHub sees the
+Each notebook's links and set-up cells are brought up to date first (``navigation.py``), so the stored
+run is of the notebook as it is committed. The committed tutorial notebooks carry the outputs of such a run, so that a reader on GitHub sees the
 tables, the plots and what was measured. Each notebook runs in a fresh "python3" kernel of this
 interpreter, from this folder, with ``CNN_FAST`` unset (a set ``CNN_FAST`` is refused: the stored
 outputs must come from a full run). On a machine without a GPU the CUDA notebooks switch Numba's
@@ -93,6 +94,9 @@ def main(argv=None) -> int:
     if not paths:
         print(f"execute.py: no tutorial notebook starts with {' or '.join(args.prefixes)}", file=sys.stderr)
         return 2
+    from navigation import apply as write_navigation
+
+    write_navigation(paths)
     failed, total = [], time.perf_counter()
     for path in paths:
         print(f"{path.name} ...", end=" ", flush=True)
