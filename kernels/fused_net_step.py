@@ -19,8 +19,8 @@ With ``train`` = 0 the same kernel evaluates: forward and loss only, and for eac
 logits, its loss and whether its answer is right (``correct``) — ``predict`` and the test set.
 
 Shared memory is *dynamic*: its size (the table's WORDS) is given at launch, as the fourth item
-of the launch configuration. ``WithSharedMemory`` adds it to the stage's launcher, and on a GPU
-raises the kernel's limit above the 48 KiB a kernel gets without asking (AlexNet-small needs 196
+of the launch configuration. ``BlockResources`` adds it to the stage's launcher, and on a GPU
+raises the kernel's limit above the 48 KiB a kernel gets without asking (AlexNet-small needs 164
 KiB) with ``cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)``, which numba-cuda does not wrap.
 """
 
@@ -31,15 +31,14 @@ import math
 from numba import float32, int32
 
 from kernels.device import cuda, simulated
-from kernels.fused_net_layers import (dense_backward, dense_forward, softmax_loss, window_backward_data,
-                                      window_backward_params_and_dz, window_forward)
-from kernels.fused_net_table import (DENSE, INPUT, INPUT_SIZE, K, KIND, LABELS, NEED_DX, OPS, OUT, POISON, SAMPLES,
+from kernels.fused_net_layers import (dense_backward, dense_forward, relu_mask, softmax_loss, window_backward,
+                                      window_forward)
+from kernels.fused_net_table import (DENSE, INPUT, INPUT_SIZE, KIND, LABELS, OPS, OUT, POISON, SAMPLES, SCRATCH,
                                      WINDOW, WORDS)
 from kernels.gather import gathered_from
-from kernels.launch import launch
+from kernels.launch import WARP, launch
 
-THREADS = 256                    # a block; any count gives the same bits (each value is summed by one thread)
-DEFAULT_SHARED_LIMIT = 48 * 1024          # bytes a kernel gets without asking
+THREADS = 512                    # a block; any count gives the same bits (each value is summed by one thread)
 H100_SHARED_LIMIT = 227 * 1024            # the most one block may ask for on an H100 (sm_90)
 
 
@@ -82,7 +81,7 @@ def fused_net_step_kernel(table, params, images, labels, order, position, batch,
         if op[KIND] == WINDOW:
             window_forward(op, floats, ints, params, n, t, threads)
         else:
-            dense_forward(op, floats, params, n, t, threads)
+            dense_forward(op, floats, params, table[0, SCRATCH], n, t, threads)
         cuda.syncthreads()
     if t < n:
         loss, answer = softmax_loss(table[rows], floats, ints[table[0, LABELS] + t], t, batch, train)
@@ -95,46 +94,48 @@ def fused_net_step_kernel(table, params, images, labels, order, position, batch,
     cuda.syncthreads()
     for r in range(rows, 0, -1):
         op = table[r]
+        relu_mask(op, floats, n, t, threads)
+        cuda.syncthreads()
         if op[KIND] == DENSE:
             dense_backward(op, floats, params, partials, group, n, t, threads)
         else:
-            window_backward_params_and_dz(op, floats, ints, partials, group, n, t, threads)
-            if op[K] > 0 and op[NEED_DX] != 0:
-                cuda.syncthreads()
-                window_backward_data(op, floats, params, n, t, threads)
+            window_backward(op, floats, ints, params, partials, group, n, t, threads)
         cuda.syncthreads()
 
 
-class WithSharedMemory:
-    """``kernel`` launched with ``nbytes`` of dynamic shared memory through any of the course's launchers:
-    ``launch(WithSharedMemory(kernel, nbytes), grid, block, *args)`` queues kernel[grid, block, stream, nbytes].
+class BlockResources:
+    """``kernel`` launched through any of the course's launchers with ``nbytes`` of dynamic shared memory:
+    ``launch(BlockResources(kernel, nbytes), grid, block, *args)`` queues kernel[grid, block, stream, nbytes].
 
-    Above 48 KiB a GPU needs the kernel's limit raised first, once per compiled version of it."""
+    On a GPU, the first launch with given argument types compiles the kernel and asks the driver for two
+    things numba-cuda does not wrap: room for more than the 48 KiB of dynamic shared memory a kernel gets
+    without asking, and how many threads a block can have with the registers the compiler gave each
+    thread (more threads than that and the launch fails). A block gets no more than those: the results do
+    not depend on the block size."""
 
-    raised: dict = {}                        # (kernel, argument types) -> bytes allowed so far
+    compiled: dict = {}                      # (kernel, argument types) -> threads a block can have
 
     def __init__(self, kernel, nbytes: int):
         self.kernel, self.nbytes = kernel, nbytes
 
     def __getitem__(self, config):
         grid, block, stream = (*config, 0) if len(config) == 2 else config
-        configured = self.kernel[grid, block, stream, self.nbytes]
 
         def launch_with(*args):
-            if self.nbytes > DEFAULT_SHARED_LIMIT and not simulated():
-                self._raise_limit(args)
-            configured(*args)
+            threads = block if simulated() else min(block, self.most_threads(args))
+            self.kernel[grid, threads, stream, self.nbytes](*args)
         return launch_with
 
-    def _raise_limit(self, args) -> None:
+    def most_threads(self, args) -> int:
         types = tuple(self.kernel.typeof_pyval(arg) for arg in args)
-        if WithSharedMemory.raised.get((self.kernel, types), 0) >= self.nbytes:
-            return
-        from numba.cuda.cudadrv.driver import binding, driver
-        function = self.kernel.compile(types)._codelibrary.get_cufunc()
-        attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        driver.cuKernelSetAttribute(attribute, self.nbytes, function.handle, function.device.id)
-        WithSharedMemory.raised[(self.kernel, types)] = self.nbytes
+        key = (self.kernel, types)
+        if key not in BlockResources.compiled:
+            from numba.cuda.cudadrv.driver import binding, driver
+            function = self.kernel.compile(types)._codelibrary.get_cufunc()
+            attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            driver.cuKernelSetAttribute(attribute, shared_memory_limit(), function.handle, function.device.id)
+            BlockResources.compiled[key] = function.attrs.maxthreads // WARP * WARP
+        return BlockResources.compiled[key]
 
 
 def shared_memory_limit() -> int:
@@ -149,7 +150,7 @@ def fused_net_step(plan, params, images, labels, order, position, batch, partial
     """Training: row_loss[:batch] and partials[g] (the weight gradients of group g) for the batch
     order[position·B …]; ``plan`` from ``TableBuilder.plan``, its table on the device as ``plan.table``."""
     groups = -(-batch // plan.samples)
-    launch(WithSharedMemory(fused_net_step_kernel, plan.shared_bytes), groups, threads, plan.table, params, images,
+    launch(BlockResources(fused_net_step_kernel, plan.shared_bytes), groups, threads, plan.table, params, images,
            labels, order, position, batch, 1, partials, row_loss, partials, row_loss)
 
 
@@ -157,5 +158,5 @@ def fused_net_scores(plan, params, images, labels, order, position, count, logit
                      threads=THREADS, launch=launch):
     """Evaluation of ``count`` samples: logits, row_loss and correct (1.0 or 0.0) of each."""
     groups = -(-count // plan.samples)
-    launch(WithSharedMemory(fused_net_step_kernel, plan.shared_bytes), groups, threads, plan.table, params, images,
+    launch(BlockResources(fused_net_step_kernel, plan.shared_bytes), groups, threads, plan.table, params, images,
            labels, order, position, count, 0, logits, row_loss, logits, correct)

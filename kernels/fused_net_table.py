@@ -32,8 +32,8 @@ Per group of S samples, a block's shared memory holds:
 
     input       S·C·H·W        the samples, gathered from the resident data set
     OUT         S·F·Ho·Wo      each row's output (pooled), kept for the backward pass
-    grad A, B   S·max |out|    dL/d(output) of a row and dL/d(input) it writes, taking turns
-    DZ          S·F·Hc·Wc      dL/dz of a pooled convolution, before its dX (rows that need dX)
+    grad A, B   S·max |out|    dL/d(output) of a row and dL/d(input) it writes, taking turns; during
+                               the forward pass the same words are a Dense row's scratch (S·F·LANES)
     SWITCH      S·F·Ho·Wo      ints: which (ci, cj) won each pooling window, packed ci·2¹⁶ + cj
     labels      S              ints
 """
@@ -46,11 +46,12 @@ import numpy as np
 
 WINDOW, DENSE = 0, 1
 # row 0
-OPS, SAMPLES, INPUT, INPUT_SIZE, LABELS, WORDS, POISON = range(7)
+OPS, SAMPLES, INPUT, INPUT_SIZE, LABELS, WORDS, POISON, SCRATCH = range(8)
 # rows 1 … OPS
-(KIND, IN, OUT, SWITCH, DIN, DOUT, DZ, C, H, W, F, HO, WO, HC, WC, K, STRIDE, PAD, POOL, PSTRIDE, RELU, PARAM,
- NEED_DX) = range(23)
-FIELDS = 23
+(KIND, IN, OUT, SWITCH, DIN, DOUT, C, H, W, F, HO, WO, HC, WC, K, STRIDE, PAD, POOL, PSTRIDE, RELU, PARAM,
+ NEED_DX) = range(22)
+FIELDS = 22
+LANES = 32                      # threads that share one Dense output's dot product (kernels/fused_net_layers.py)
 PACKED_LIMIT = 1 << 15          # switches pack ci and cj in 16 bits each
 WORD = 4                        # bytes
 
@@ -117,10 +118,10 @@ class TableBuilder:
     def words_per_sample(self) -> dict:
         """Words of shared memory one sample needs, region by region (``plan`` multiplies by S)."""
         outs = [row["F"] * row["HO"] * row["WO"] for row in self.rows]
-        dz = [row["F"] * row["HC"] * row["WC"] for position, row in enumerate(self.rows)
-              if position > 0 and row["K"] > 0]
-        return {"input": int(np.prod(self.input_shape)), "outputs": sum(outs), "gradients": 2 * max(outs),
-                "dz": max(dz, default=0),
+        lanes = [LANES * row["F"] for row in self.rows if row["KIND"] == DENSE]
+        gradients = 2 * max(outs)
+        return {"input": int(np.prod(self.input_shape)), "outputs": sum(outs),
+                "gradients": gradients + max(0, max(lanes, default=0) - gradients),
                 "switches": sum(out for out, row in zip(outs, self.rows) if row["KIND"] == WINDOW), "labels": 1}
 
     def plan(self, samples: int, limit_bytes: int, poison: bool = False) -> Plan:
@@ -137,23 +138,22 @@ class TableBuilder:
         sizes = [samples * row["F"] * row["HO"] * row["WO"] for row in self.rows]
         outputs = list(_offsets(regions["input"], sizes))             # the input sits at word 0, then the outputs
         gradients = regions["input"] + regions["outputs"]
-        turns = (gradients, gradients + regions["gradients"] // 2)     # grad A, grad B
-        dz = gradients + regions["gradients"]
-        switches = list(_offsets(dz + regions["dz"], [size if row["KIND"] == WINDOW else 0
-                                                       for size, row in zip(sizes, self.rows)]))
+        turns = (gradients, gradients + max(sizes))                    # grad A, grad B
+        switches = list(_offsets(gradients + regions["gradients"], [size if row["KIND"] == WINDOW else 0
+                                                                     for size, row in zip(sizes, self.rows)]))
         table = np.zeros((1 + len(self.rows), FIELDS), np.int32)
-        table[0, [OPS, SAMPLES, INPUT, INPUT_SIZE, LABELS, WORDS, POISON]] = (
-            len(self.rows), samples, 0, per_sample["input"], switches[-1], words, int(poison))
+        table[0, [OPS, SAMPLES, INPUT, INPUT_SIZE, LABELS, WORDS, POISON, SCRATCH]] = (
+            len(self.rows), samples, 0, per_sample["input"], switches[-1], words, int(poison), gradients)
         for position, row in enumerate(self.rows):
             from_end = len(self.rows) - 1 - position                   # the last row reads grad A
             fields = {**row, "IN": outputs[position - 1] if position else 0, "OUT": outputs[position],
-                      "DOUT": turns[from_end % 2], "DIN": turns[(from_end + 1) % 2], "DZ": dz,
+                      "DOUT": turns[from_end % 2], "DIN": turns[(from_end + 1) % 2],
                       "SWITCH": switches[position] if row["KIND"] == WINDOW else -1, "NEED_DX": int(position > 0)}
             table[1 + position] = [fields[name] for name in _FIELD_NAMES]
         return Plan(table, samples, words * WORD, regions)
 
 
-_FIELD_NAMES = ("KIND", "IN", "OUT", "SWITCH", "DIN", "DOUT", "DZ", "C", "H", "W", "F", "HO", "WO", "HC", "WC", "K",
+_FIELD_NAMES = ("KIND", "IN", "OUT", "SWITCH", "DIN", "DOUT", "C", "H", "W", "F", "HO", "WO", "HC", "WC", "K",
                 "STRIDE", "PAD", "POOL", "PSTRIDE", "RELU", "PARAM", "NEED_DX")
 
 
