@@ -22,6 +22,14 @@ pass is one product of ``kernels/implicit_gemm.py`` with its own loaders (nothin
               C × (N·H·W), over F·K·K; terms whose division by s is not exact, or that fall
               outside dz, are 0. Each element of dX is computed by one thread: a pull.
 
+Addresses without divisions. Every loader reads a flat view of its array at (a part that depends
+on its row or column only, computed once a thread by ``*_setup`` — the only divisions, outside
+every loop) + (a part that depends on k only, read from a table made once a layer on the host,
+``conv_tables``): the loop over k does a table read, an add and a few compares for the padding. The
+static report (``python -m cnn bench --static cuda-tuned``) counts the integer divisions inside
+loops of each compiled kernel: none, where the loaders of commit ecf7081 did 3-5 per element of B
+and the H100 measured them at 10-12 % of its SM throughput.
+
 Every output element is written by exactly one thread, and every sum is taken in an order fixed by
 the tiles, so the results are the same bit for bit from run to run (stage 5's atomics are not).
 """
@@ -35,7 +43,7 @@ from numba import float32
 
 from kernels.conv_pool_smem import tap, unravel3
 from kernels.device import cuda
-from kernels.implicit_gemm import Tiles, gemm, matrix_rows, row_index, split_k, store_partial
+from kernels.implicit_gemm import Tiles, gemm, split_k, store_partial
 from kernels.launch import covering_windows, grid_1d, launch, unravel4
 from kernels.launch_config import multiprocessors
 
@@ -82,43 +90,55 @@ class ConvGeometry(NamedTuple):
         return self.batch * self.pooled_h * self.pooled_w
 
     def check_codes(self) -> "ConvGeometry":
-        """One line when a size does not fit the 16 + 8 + 8 bits of ``index_codes``."""
-        if max(self.batch, self.channels, self.filters) >= 1 << 16 or max(self.kernel, self.conv_h, self.conv_w) >= 256:
-            raise ValueError(f"conv geometry {self}: the tiled kernels need batch, channels and filters < 65536 "
-                             f"and kernel and conv output sides < 256")
+        """One line when a size does not fit the tables' packed fields (8 bits for p, q; 16 for a
+        window's corner) or their int32 offsets."""
+        if (max(self.kernel, self.conv_h, self.conv_w, self.height + self.pad, self.width + self.pad) >= 256
+                or self.batch * max(self.channels * self.height * self.width,
+                                    self.filters * self.conv_h * self.conv_w) >= 1 << 31):
+            raise ValueError(f"conv geometry {self}: the tiled kernels need kernel, image and conv output sides "
+                             f"< 256 and a batch of activations < 2**31 elements")
         return self
 
 
 class ConvTables(NamedTuple):
-    """Decode tables of one layer, on the device (``conv_tables``): a lookup instead of divisions."""
+    """Offset tables of one layer, on the device (``conv_tables``): what depends on k alone, looked up.
 
-    taps: object          # t → (c, p, q) of the C × K × K taps of a filter
-    filter_taps: object   # k → (f, p, q) of the F × K × K taps of dX's sum
-    positions: object     # k → (n, ci, cj) of the N × Hc × Wc conv output positions
-
-
-def index_codes(a: int, b: int, c: int) -> np.ndarray:
-    """int32 codes i << 16 | j << 8 | k of every (i, j, k) of an a × b × c grid, in C order.
-
-    A flat index k of the grid would need two integer divisions to split; the kernels read its
-    code instead and split it with shifts (``decode``). (j, k < 256, i < 65536.)
+    A loader's address is (what depends on its row or column, computed once a thread in ``*_setup``)
+    + (what depends on k, read here), so the loop over k does no integer division and no
+    multiplication by a stride: one table read, an add, two comparisons for the padding.
     """
-    i, j, k = np.indices((a, b, c)).reshape(3, -1)
-    return (i << 16 | j << 8 | k).astype(np.int32)
+
+    taps: object          # (T, 2): t = (c, p, q) → [c·H·W + p·W + q, p << 8 | q]             (forward, dW)
+    filter_taps: object   # (F·K·K, 2): k = (f, p, q) → dX's [w offset, dz offset, packed p, q // and % s]
+    positions: object     # (P, 3): k = (n, ci, cj) → [dz offset, x offset of the window, packed top, left]
+
+
+PACK = 1 << 14            # top and left of a window (≥ −pad) are stored + PACK: 15 bits each, no sign bit
 
 
 def conv_tables(g: ConvGeometry) -> ConvTables:
-    """The decode tables of ``g``, copied to the device once (the stage keeps them with the layer)."""
+    """The offset tables of ``g`` (``ConvTables``), copied to the device once (the stage keeps them)."""
     g.check_codes()
-    return ConvTables(cuda.to_device(index_codes(g.channels, g.kernel, g.kernel)),
-                      cuda.to_device(index_codes(g.filters, g.kernel, g.kernel)),
-                      cuda.to_device(index_codes(g.batch, g.conv_h, g.conv_w)))
+    c, p, q = np.indices((g.channels, g.kernel, g.kernel)).reshape(3, -1)
+    taps = np.stack([c * g.height * g.width + p * g.width + q, p << 8 | q], axis=1)
+    f, p, q = np.indices((g.filters, g.kernel, g.kernel)).reshape(3, -1)
+    s, plane = g.stride, g.conv_h * g.conv_w
+    filter_taps = np.stack([f * g.channels * g.kernel * g.kernel + p * g.kernel + q,
+                            f * plane - (p // s) * g.conv_w - q // s,
+                            (p // s) << 24 | (q // s) << 16 | (p % s) << 8 | q % s], axis=1)
+    n, ci, cj = np.indices((g.batch, g.conv_h, g.conv_w)).reshape(3, -1)
+    top, left = ci * g.stride - g.pad, cj * g.stride - g.pad
+    positions = np.stack([n * g.filters * plane + ci * g.conv_w + cj,
+                          n * g.channels * g.height * g.width + top * g.width + left,
+                          (top + PACK) << 16 | (left + PACK)], axis=1)
+    return ConvTables(*(cuda.to_device(np.ascontiguousarray(table, dtype=np.int32))
+                        for table in (taps, filter_taps, positions)))
 
 
 @cuda.jit(device=True)
-def decode(code):
-    """(i, j, k) of an ``index_codes`` code."""
-    return code >> 16, (code >> 8) & 255, code & 255
+def inside(h, w, height, width):
+    """0 <= h < height and 0 <= w < width."""
+    return 0 <= h < height and 0 <= w < width
 
 
 # -- forward: loaders of the patch matrix, and the bias + ReLU + pool epilogue ------------------
@@ -132,26 +152,43 @@ def pooled_window(col, threads_n, window):
 
 
 @cuda.jit(device=True)
+def filter_row(src, f):
+    """a_setup of the forward: (valid, offset of filter f's row in the flat weights)."""
+    w, g = src
+    return f < g.filters, min(f, g.filters - 1) * (g.channels * g.kernel * g.kernel)
+
+
+@cuda.jit(device=True)
+def filter_load(src, row, t):
+    """A[f, t] = w[f, t] of the filters seen as an F × T matrix (w flat)."""
+    w, g = src
+    valid, offset = row
+    value = w[offset + t]
+    return value if valid else float32(0.0)
+
+
+@cuda.jit(device=True)
 def patch_setup(src, col, threads_n):
-    """b_setup of the forward: (valid, n, top row, left column) of the input window under column ``col``."""
+    """b_setup of the forward: (valid, x offset of the window's corner, its top row, its left column)
+    for column ``col`` — the divisions that place it, once a thread."""
     x, taps, g = src
     pooled, offset = pooled_window(col, threads_n, g.pool * g.pool)
-    n, i, j = unravel3(pooled, g.batch, g.pooled_h, g.pooled_w)
-    ci = i * g.pool_stride + offset // g.pool
-    cj = j * g.pool_stride + offset % g.pool
-    return pooled < g.batch * g.pooled_h * g.pooled_w, n, ci * g.stride - g.pad, cj * g.stride - g.pad
+    valid = pooled < g.batch * g.pooled_h * g.pooled_w
+    n, i, j = unravel3(min(pooled, g.batch * g.pooled_h * g.pooled_w - 1), g.batch, g.pooled_h, g.pooled_w)
+    top = (i * g.pool_stride + offset // g.pool) * g.stride - g.pad
+    left = (j * g.pool_stride + offset % g.pool) * g.stride - g.pad
+    return valid, n * g.channels * g.height * g.width + top * g.width + left, top, left
 
 
 @cuda.jit(device=True)
 def patch_load(src, col, t):
     """X[t, col]: the input under tap t = (c, p, q) of the window ``col`` (0 in the padding)."""
     x, taps, g = src
-    valid, n, top, left = col
-    c, p, q = decode(taps[t])
-    h, w = top + p, left + q
-    if valid and 0 <= h < g.height and 0 <= w < g.width:
-        return x[n, c, h, w]
-    return float32(0.0)
+    valid, corner, top, left = col
+    pq = taps[t, 1]
+    ok = valid and inside(top + (pq >> 8), left + (pq & 255), g.height, g.width)
+    value = x[corner + taps[t, 0] if ok else 0]
+    return value if ok else float32(0.0)
 
 
 @cuda.jit(device=True)
@@ -164,16 +201,19 @@ def bias_relu_pool_store(out, f, col, threads_n, values):
     n, i, j = unravel3(pooled, g.batch, g.pooled_h, g.pooled_w)
     best = float32(-1.0)                    # below any ReLU output: the first position always wins
     best_at = 0
-    for offset in range(values.size):             # = S·S, the window (a constant of the compiled kernel)
-        value = max(values[offset] + b[f], float32(0.0))
-        if value > best:
-            best = value
-            best_at = (i * g.pool_stride + offset // g.pool) * g.conv_w + j * g.pool_stride + offset % g.pool
+    offset = 0
+    for di in range(g.pool):                     # the window, row by row: no division to split an offset
+        for dj in range(g.pool):
+            value = max(values[offset] + b[f], float32(0.0))
+            if value > best:
+                best = value
+                best_at = (i * g.pool_stride + di) * g.conv_w + j * g.pool_stride + dj
+            offset += 1
     y[n, f, i, j] = best
     switches[n, f, i, j] = best_at
 
 
-FORWARD = (row_index, matrix_rows, patch_setup, patch_load, bias_relu_pool_store)
+FORWARD = (filter_row, filter_load, patch_setup, patch_load, bias_relu_pool_store)
 
 
 # -- dZ: the pooled gradient pulled back through max-pool and ReLU ----------------------------------
@@ -196,39 +236,46 @@ def relu_pool_backward_kernel(dy, y, switches, dz, g):
 
 # -- dW and db: dZ times the patch matrix (plus a column of ones), split along the positions -------
 @cuda.jit(device=True)
-def conv_grad_load(src, f, k):
-    """A[f, k] = dz[n, f, ci, cj] at position k = (n, ci, cj)."""
+def grad_row(src, f):
+    """a_setup of dW: (valid, f's offset in a sample's dz)."""
     dz, positions, g = src
-    if f < g.filters:
-        n, ci, cj = decode(positions[k])
-        return dz[n, f, ci, cj]
-    return float32(0.0)
+    return f < g.filters, min(f, g.filters - 1) * (g.conv_h * g.conv_w)
+
+
+@cuda.jit(device=True)
+def grad_load(src, row, k):
+    """A[f, k] = dz[n, f, ci, cj] at position k = (n, ci, cj) (dz flat)."""
+    dz, positions, g = src
+    valid, offset = row
+    value = dz[positions[k, 0] + offset]
+    return value if valid else float32(0.0)
 
 
 @cuda.jit(device=True)
 def tap_setup(src, col, threads_n):
-    """b_setup of dW: (kind, c, p, q) of column ``col`` — kind 0 a tap, 1 the ones column (db), 2 outside."""
+    """b_setup of dW: (kind, x offset of tap (c, p, q), p, q) of column ``col`` — kind 0 a tap, 1 the
+    ones column (db), 2 outside."""
     x, positions, g = src
     taps = g.channels * g.kernel * g.kernel
     c, p, q = tap(min(col, taps - 1), g.kernel)
-    return (0 if col < taps else (1 if col == taps else 2)), c, p, q
+    kind = 0 if col < taps else (1 if col == taps else 2)
+    return kind, c * g.height * g.width + p * g.width + q, p, q
 
 
 @cuda.jit(device=True)
 def tap_load(src, col, k):
     """B[k, col] = x under tap (c, p, q) at position k = (n, ci, cj); 1 in the ones column."""
     x, positions, g = src
-    kind, c, p, q = col
-    if kind != 0:
-        return float32(1.0) if kind == 1 else float32(0.0)
-    n, ci, cj = decode(positions[k])
-    h, w = ci * g.stride - g.pad + p, cj * g.stride - g.pad + q
-    if 0 <= h < g.height and 0 <= w < g.width:
-        return x[n, c, h, w]
-    return float32(0.0)
+    kind, offset, p, q = col
+    corner = positions[k, 2]
+    ok = kind == 0 and inside((corner >> 16) - PACK + p, (corner & 65535) - PACK + q, g.height, g.width)
+    value = x[positions[k, 1] + offset if ok else 0]
+    if ok:
+        return value
+    return float32(1.0) if kind == 1 else float32(0.0)
 
 
-WEIGHT_GRADS = (row_index, conv_grad_load, tap_setup, tap_load, store_partial)
+WEIGHT_GRADS = (grad_row, grad_load, tap_setup, tap_load, store_partial)
 
 
 @cuda.jit
@@ -250,54 +297,68 @@ def sum_splits_kernel(partial, dw, db):
 
 # -- dX: the filters (transposed) times dz read through the windows ----------------------------------
 @cuda.jit(device=True)
-def filter_tap_load(src, c, k):
-    """A[c, k] = w[f, c, p, q] for k = (f, p, q)."""
+def channel_row(src, c):
+    """a_setup of dX: (valid, channel c's offset in a filter)."""
     w, filter_taps, g = src
-    if c < g.channels:
-        f, p, q = decode(filter_taps[k])
-        return w[f, c, p, q]
-    return float32(0.0)
+    return c < g.channels, min(c, g.channels - 1) * (g.kernel * g.kernel)
+
+
+@cuda.jit(device=True)
+def filter_tap_load(src, row, k):
+    """A[c, k] = w[f, c, p, q] for k = (f, p, q) (w flat)."""
+    w, filter_taps, g = src
+    valid, offset = row
+    value = w[filter_taps[k, 0] + offset]
+    return value if valid else float32(0.0)
 
 
 @cuda.jit(device=True)
 def pixel_setup(src, col, threads_n):
-    """b_setup of dX: (valid, n, h + pad, w + pad) of input pixel ``col`` = (n, h, w)."""
+    """b_setup of dX, for input pixel ``col`` = (n, h, w) — its divisions, once a thread: (valid, dz offset of
+    (n, (h + pad) // s, (w + pad) // s), (h + pad) // s, (w + pad) // s, (h + pad) % s, (w + pad) % s)."""
     dz, filter_taps, g = src
-    n, h, w = unravel3(col, g.batch, g.height, g.width)
-    return col < g.batch * g.height * g.width, n, h + g.pad, w + g.pad
+    valid = col < g.batch * g.height * g.width
+    n, h, w = unravel3(min(col, g.batch * g.height * g.width - 1), g.batch, g.height, g.width)
+    hq, wq = (h + g.pad) // g.stride, (w + g.pad) // g.stride
+    base = n * g.filters * g.conv_h * g.conv_w + hq * g.conv_w + wq
+    return valid, base, hq, wq, (h + g.pad) % g.stride, (w + g.pad) % g.stride
 
 
 @cuda.jit(device=True)
 def window_grad_load(src, col, k):
-    """B[k, col] = dz[n, f, ci, cj] for k = (f, p, q) when (ci, cj)·s + (p, q) − pad is pixel ``col``, else 0."""
+    """B[k, col] = dz[n, f, ci, cj] when conv output (ci, cj) covers pixel ``col`` = (n, h, w) with
+    tap k = (f, p, q): ci·s + p − pad = h, i.e. p ≡ h + pad (mod s) and ci = (h + pad) // s − p // s
+    (the residues are equal); 0 when no output does. Shifts and compares only: the table holds
+    p // s, q // s, p % s, q % s and f's plane − (p // s, q // s)'s offset."""
     dz, filter_taps, g = src
-    valid, n, h_padded, w_padded = col
-    f, p, q = decode(filter_taps[k])
-    ci, cj = h_padded - p, w_padded - q
-    if not valid or ci < 0 or cj < 0:
-        return float32(0.0)
-    if g.stride > 1:                                # (a stride of 1 needs no division: every tap lands)
-        if ci % g.stride != 0 or cj % g.stride != 0:
-            return float32(0.0)
-        ci, cj = ci // g.stride, cj // g.stride
-    if ci < g.conv_h and cj < g.conv_w:
-        return dz[n, f, ci, cj]
-    return float32(0.0)
+    valid, base, hq, wq, hr, wr = col
+    packed = filter_taps[k, 2]
+    ci, cj = hq - (packed >> 24), wq - ((packed >> 16) & 255)
+    ok = (valid and ((packed >> 8) & 255) == hr and (packed & 255) == wr
+          and inside(ci, cj, g.conv_h, g.conv_w))
+    value = dz[base + filter_taps[k, 1] if ok else 0]
+    return value if ok else float32(0.0)
 
 
 @cuda.jit(device=True)
 def pixel_store(out, c, col, threads_n, values):
-    """dx[n, c, h, w] for the thread's pixels col + j·threads_n (dx seen as N × C × H·W)."""
+    """dx[n, c, h·W + w] for the thread's pixels col + j·threads_n (dx seen as N × C × H·W); the one
+    division places the first, the others step along without one."""
     dx, g = out
     plane = g.height * g.width
-    if c < g.channels:
-        for j in range(values.size):
-            pixel = col + j * threads_n
-            if pixel < g.batch * plane:
-                dx[pixel // plane, c, pixel % plane] = values[j]
+    if c >= g.channels:
+        return
+    n, at = col // plane, col % plane
+    for j in range(values.size):
+        if n < g.batch:
+            dx[n, c, at] = values[j]
+        at += threads_n
+        while at >= plane:                          # threads_n < plane: at most once or twice
+            at -= plane
+            n += 1
 
 
-DATA_GRADS = (row_index, filter_tap_load, pixel_setup, window_grad_load, pixel_store)
+DATA_GRADS = (channel_row, filter_tap_load, pixel_setup, window_grad_load, pixel_store)
 
 
 # -- tiles, splits, and the host functions the stage calls ---------------------------------------
@@ -327,9 +388,14 @@ def partial_shape(g: ConvGeometry) -> tuple[int, int, int]:
     return weight_grad_plan(g)[1], g.filters, g.taps + 1
 
 
+def flat(array):
+    """The same device memory as a vector: the loaders add offsets instead of indexing in 4-D."""
+    return array.reshape(array.size)
+
+
 def conv_relu_pool_forward_tiled(x, w, b, y, switches, g: ConvGeometry, tables: ConvTables, launch=launch):
     """y, switches ← maxpool(ReLU(conv(x, w) + b)), one implicit GEMM."""
-    gemm(FORWARD, forward_tiles(g), (w.reshape((g.filters, g.taps)),), (x, tables.taps, g), (b, y, switches, g),
+    gemm(FORWARD, forward_tiles(g), (flat(w), g), (flat(x), tables.taps, g), (b, y, switches, g),
          g.filters, g.pooled * g.pool * g.pool, g.taps, launch=launch)
 
 
@@ -343,10 +409,10 @@ def conv_relu_pool_backward_tiled(dy, y, switches, x, w, dx, dw, db, dz, partial
     launch(relu_pool_backward_kernel, *grid_1d(dz.size), dy, y, switches, dz, g)
     if tuple(partial.shape) != partial_shape(g):
         raise ValueError(f"conv backward: partial sums need shape {partial_shape(g)}, got {partial.shape}")
-    gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (dz, tables.positions, g), (x, tables.positions, g), (partial,),
-         g.filters, g.taps + 1, g.positions, partial.shape[0], launch=launch)
+    gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (flat(dz), tables.positions, g), (flat(x), tables.positions, g),
+         (partial,), g.filters, g.taps + 1, g.positions, partial.shape[0], launch=launch)
     launch(sum_splits_kernel, *grid_1d(g.filters * (g.taps + 1)), partial, dw.reshape((g.filters, g.taps)), db)
     if with_dx:
-        gemm(DATA_GRADS, data_grad_tiles(g), (w, tables.filter_taps, g), (dz, tables.filter_taps, g),
+        gemm(DATA_GRADS, data_grad_tiles(g), (flat(w), tables.filter_taps, g), (flat(dz), tables.filter_taps, g),
              (dx.reshape((g.batch, g.channels, g.height * g.width)), g),
              g.channels, g.batch * g.height * g.width, g.filters * g.kernel * g.kernel, launch=launch)

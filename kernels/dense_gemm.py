@@ -30,8 +30,9 @@ TN = 4
 def matrix_b_with_ones(src, col, k):
     """B[k, col] = m[k, col], and 1 in the extra column col = m.shape[1]."""
     m = src[0]
+    value = m[k, min(col, m.shape[1] - 1)]              # always inside m: no branch around the load
     if col < m.shape[1]:
-        return m[k, col]
+        return value
     return float32(1.0) if col == m.shape[1] else float32(0.0)
 
 

@@ -27,13 +27,21 @@ a block of results in each thread's registers). With tiles (BM, BN, BK, TM, TN):
       acc[i, j] += A_s[k, i·(BM/TM) + ty] · B_s[k, j·(BN/TN) + tx]
   A loaded value of A serves BN results and one of B serves BM: the direct kernels of stages 4-5
   read both operands from global memory for every multiply-add.
+- the loads of slice s + 1 go to registers (``a_next``, ``b_next``) *before* slice s is multiplied,
+  and are written to shared memory after it: a block waits for memory once, at its first slice,
+  instead of once a slice (double buffering through registers, the SGEMM worklog's kernel 10). Every
+  load reads an index inside its array — k is clamped to the last valid one and the value dropped
+  afterwards — so a loader has no branch around its load, and a thread's loads of a slice are
+  independent of one another: they are all in flight together (the static report,
+  ``python -m cnn bench --static cuda-tuned``, shows what the machine code of each does).
 
 The loader interface (each a ``@cuda.jit(device=True)`` function):
 
     a_row = a_setup(a_src, row)                   once per thread: what depends on the row only
-    A[row, k] = a_load(a_src, a_row, k)           0 outside the matrix
+    A[row, k] = a_load(a_src, a_row, k)           0 outside the matrix; k < inner always
     b_col = b_setup(b_src, col, threads_n)        once per thread: what depends on the column only
-    B[k, col] = b_load(b_src, b_col, k)
+    B[k, col] = b_load(b_src, b_col, k)           (a loader must read inside its arrays even for a row
+                                                  or column outside the matrix: clamp, then select 0)
     epilogue(out, row, col, threads_n, values)    per row of the thread's block: values[j] = C[row, col + j·threads_n]
 
 ``a_src``, ``b_src`` and ``out`` are tuples of the arrays (and integers) the functions need.
@@ -50,7 +58,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from numba import float32
+from numba import float32, uint32
 
 from kernels.device import cuda
 from kernels.launch import blocks_for, launch
@@ -58,6 +66,7 @@ from kernels.launch_config import multiprocessors
 
 WARP = 32
 SHARED_BYTES = 40 * 1024      # at most this much shared memory a block (of the 48 KiB a static array may take)
+PREFETCH = 24                 # at most this many registers a thread for the next slice's elements
 
 
 class Tiles(NamedTuple):
@@ -128,15 +137,17 @@ class Tiles(NamedTuple):
         return cls(bm=tm * tn, bn=threads_n * tn, bk=8, tm=tm, tn=tn).with_depth(k_len)
 
     def with_depth(self, k_len: int) -> "Tiles":
-        """These tiles with BK for a k range of ``k_len``: at most 8 slices (BK ≤ 64), ≤ 40 KiB of shared memory.
+        """These tiles with BK for a k range of ``k_len``: as deep as the k range asks (≤ 64), as long as a
+        thread's next slice fits in ``PREFETCH`` registers and the slice in 40 KiB of shared memory.
 
-        Each slice is a round trip to memory the block waits for; within one, every thread's
-        loads are independent and in flight together. So fewer, deeper slices wait less.
-        """
+        The next slice is loaded into registers while this one is multiplied, so a deeper slice hides
+        no more latency — it only costs registers: past about 255 a thread, the compiler spills
+        (the static report shows it: registers, spills, local stack)."""
         bk = 8
         while bk < 64 and k_len > 8 * bk:
             bk *= 2
-        while bk > 8 and bk * (self.bm + self.bn) * 4 > SHARED_BYTES:
+        while bk > 8 and (bk * (self.bm + self.bn) * 4 > SHARED_BYTES
+                          or -(-bk * self.bm // self.threads) - (-bk * self.bn // self.threads) > PREFETCH):
             bk //= 2
         return self._replace(bk=bk).checked()
 
@@ -159,11 +170,15 @@ def gemm_kernel(a_setup, a_load, b_setup, b_load, epilogue, tiles: Tiles):
     bm, bn, bk, tm, tn = tiles
     threads_m, threads_n, threads = tiles.threads_m, tiles.threads_n, tiles.threads
     a_k_step, b_k_step = threads // bm, threads // bn     # k rows of a slice one pass of the block loads
+    a_per, b_per = -(-bk // a_k_step), -(-bk // b_k_step)  # elements of A and of B a thread stages a slice
+    a_slice_size, b_slice_size = bk * bm, bk * bn          # (shared arrays need constant sizes)
 
     def implicit_gemm_kernel(a_src, b_src, out, inner, k_chunk):
-        a_slice = cuda.shared.array((bk, bm), float32)
-        b_slice = cuda.shared.array((bk, bn), float32)
+        a_slice = cuda.shared.array(a_slice_size, float32)    # A_s[k, r] at k·BM + r; B_s[k, c] at k·BN + c
+        b_slice = cuda.shared.array(b_slice_size, float32)
         acc = cuda.local.array((tm, tn), float32)
+        a_next = cuda.local.array(a_per, float32)         # the next slice, loaded while this one is multiplied
+        b_next = cuda.local.array(b_per, float32)
         a_frag = cuda.local.array(tm, float32)
         b_frag = cuda.local.array(tn, float32)
         row_values = cuda.local.array(tn, float32)
@@ -179,21 +194,43 @@ def gemm_kernel(a_setup, a_load, b_setup, b_load, epilogue, tiles: Tiles):
         for i in range(tm):
             for j in range(tn):
                 acc[i, j] = float32(0.0)
+        for e in range(a_per):                           # slice 0 into registers (the loop loads slice 1 on)
+            k = k_begin + a_k + e * a_k_step              # each load reads inside the arrays (k clamped) and
+            a_value = a_load(a_src, a_row, min(k, k_end - 1))        # its value is dropped after: no branch,
+            a_next[e] = a_value if k < k_end else float32(0.0)       # so a thread's loads fly together
+        for e in range(b_per):
+            k = k_begin + b_k + e * b_k_step
+            b_value = b_load(b_src, b_col, min(k, k_end - 1))
+            b_next[e] = b_value if k < k_end else float32(0.0)
         for k0 in range(k_begin, k_end, bk):
-            for kk in range(a_k, bk, a_k_step):
-                a_slice[kk, a_r] = a_load(a_src, a_row, k0 + kk) if k0 + kk < k_end else float32(0.0)
-            for kk in range(b_k, bk, b_k_step):
-                b_slice[kk, b_c] = b_load(b_src, b_col, k0 + kk) if k0 + kk < k_end else float32(0.0)
+            for e in range(a_per):
+                if a_k + e * a_k_step < bk:               # (false only when a block has more threads than
+                    a_slice[(a_k + e * a_k_step) * bm + a_r] = a_next[e]        # a slice has elements)
+            for e in range(b_per):
+                if b_k + e * b_k_step < bk:
+                    b_slice[(b_k + e * b_k_step) * bn + b_c] = b_next[e]
             cuda.syncthreads()                            # the slice of A and B is in shared memory
-            for kk in range(bk):
-                for i in range(tm):
-                    a_frag[i] = a_slice[kk, i * threads_m + ty]
+            if k0 + bk < k_end:                           # the next slice's loads fly while this one is multiplied
+                for e in range(a_per):
+                    k = k0 + bk + a_k + e * a_k_step
+                    a_value = a_load(a_src, a_row, min(k, k_end - 1))
+                    a_next[e] = a_value if k < k_end else float32(0.0)
+                for e in range(b_per):
+                    k = k0 + bk + b_k + e * b_k_step
+                    b_value = b_load(b_src, b_col, min(k, k_end - 1))
+                    b_next[e] = b_value if k < k_end else float32(0.0)
+            a_at, b_at = uint32(ty), uint32(tx)           # A_s[kk, ty] and B_s[kk, tx], unsigned: constant offsets
+            for kk in range(bk):                          # from there, each shared load one instruction (a signed
+                for i in range(tm):                       # index would be tested for wrapping around, each time)
+                    a_frag[i] = a_slice[a_at + uint32(i * threads_m)]
                 for j in range(tn):
-                    b_frag[j] = b_slice[kk, j * threads_n + tx]
+                    b_frag[j] = b_slice[b_at + uint32(j * threads_n)]
                 for i in range(tm):
                     for j in range(tn):
                         acc[i, j] += a_frag[i] * b_frag[j]
-            cuda.syncthreads()                            # everyone is done with the slice before the next load
+                a_at += uint32(bm)
+                b_at += uint32(bn)
+            cuda.syncthreads()                            # everyone is done with the slice before the next store
         for i in range(tm):
             for j in range(tn):
                 row_values[j] = acc[i, j]
@@ -243,28 +280,32 @@ def column_index(src, col, threads_n):
 def matrix_rows(src, row, k):
     """a_load of a row-major matrix m = src[0]: A[row, k] = m[row, k]."""
     m = src[0]
-    return m[row, k] if row < m.shape[0] else float32(0.0)
+    value = m[min(row, m.shape[0] - 1), k]             # always inside m: no branch around the load
+    return value if row < m.shape[0] else float32(0.0)
 
 
 @cuda.jit(device=True)
 def matrix_cols(src, row, k):
     """a_load of a transposed matrix: A[row, k] = m[k, row]."""
     m = src[0]
-    return m[k, row] if row < m.shape[1] else float32(0.0)
+    value = m[k, min(row, m.shape[1] - 1)]
+    return value if row < m.shape[1] else float32(0.0)
 
 
 @cuda.jit(device=True)
 def matrix_b(src, col, k):
     """b_load of a row-major matrix: B[k, col] = m[k, col]."""
     m = src[0]
-    return m[k, col] if col < m.shape[1] else float32(0.0)
+    value = m[k, min(col, m.shape[1] - 1)]
+    return value if col < m.shape[1] else float32(0.0)
 
 
 @cuda.jit(device=True)
 def matrix_b_transposed(src, col, k):
     """b_load of a transposed matrix: B[k, col] = m[col, k]."""
     m = src[0]
-    return m[col, k] if col < m.shape[0] else float32(0.0)
+    value = m[min(col, m.shape[0] - 1), k]
+    return value if col < m.shape[0] else float32(0.0)
 
 
 @cuda.jit(device=True)

@@ -17,7 +17,7 @@ from cnn.stages import s2_numpy
 from kernels import conv_gemm, dense_gemm
 from kernels.conv_gemm import ConvGeometry
 from kernels.device import cuda
-from kernels.implicit_gemm import Tiles
+from kernels.implicit_gemm import PREFETCH, Tiles
 
 TOL = 1e-5
 
@@ -118,10 +118,23 @@ def test_weight_grads_split_over_positions_equal_one_block():
     assert rel_error(dW, dW_ref) < TOL and rel_error(db, db_ref) < TOL
 
 
-def test_index_codes_decode_to_the_grid_positions():
-    codes = conv_gemm.index_codes(3, 5, 7)
-    i, j, k = codes >> 16, (codes >> 8) & 255, codes & 255
-    assert (np.stack([i, j, k], axis=1) == np.argwhere(np.ones((3, 5, 7)))).all()
+def test_offset_tables_address_the_arrays_the_loaders_read():
+    """Each table's offsets are the flat indices of the elements they stand for (stride 2, padding 1)."""
+    g = ConvGeometry.of((2, 3, 9, 9), (4, 3, 3, 3), 2, 1, 2, 2)
+    taps, filter_taps, positions = (table.copy_to_host() for table in conv_gemm.conv_tables(g))
+    x, dz = np.arange(2 * 3 * 9 * 9).reshape(2, 3, 9, 9), np.arange(2 * 4 * g.conv_h * g.conv_w).reshape(
+        2, 4, g.conv_h, g.conv_w)
+    n, c, ci, cj, p, q = 1, 2, 3, 1, 2, 0                       # a tap of a position inside the image
+    t, k = (c * 3 + p) * 3 + q, (n * g.conv_h + ci) * g.conv_w + cj
+    assert x.ravel()[positions[k, 1] + taps[t, 0]] == x[n, c, ci * 2 - 1 + p, cj * 2 - 1 + q]
+    assert dz.ravel()[positions[k, 0] + 3 * g.conv_h * g.conv_w] == dz[n, 3, ci, cj]
+    f = 3
+    kx = (f * 3 + p) * 3 + q
+    assert filter_taps[kx, 0] == np.ravel_multi_index((f, 0, p, q), (4, 3, 3, 3))
+    h, w = ci * 2 - 1 + p, cj * 2 - 1 + q                       # the pixel this tap of (ci, cj) reads
+    packed = filter_taps[kx, 2]
+    assert ((h + 1) // 2 - (packed >> 24), (w + 1) // 2 - ((packed >> 16) & 255)) == (ci, cj)
+    assert (((packed >> 8) & 255), packed & 255) == ((h + 1) % 2, (w + 1) % 2)
     with pytest.raises(ValueError, match="sides < 256"):
         ConvGeometry.of((1, 1, 300, 300), (1, 1, 3, 3), 1, 0, 2, 2).check_codes()
 
@@ -133,7 +146,11 @@ def test_tiles_refuse_shapes_that_leave_a_thread_without_a_row():
     assert tiles.bm >= 6 and tiles.threads % tiles.bm == 0 and tiles.threads % tiles.bn == 0
     for rows, cols, inner in [(6, 36864, 25), (64, 120, 256), (32, 131072, 800), (3, 5, 7)]:
         tiles = Tiles.for_shape(rows, cols, inner, tn=4)
-        assert tiles.bk * (tiles.bm + tiles.bn) * 4 <= 40 * 1024 and (inner <= 8 * tiles.bk or tiles.bk == 64)
+        prefetched = -(-tiles.bk * tiles.bm // tiles.threads) - (-tiles.bk * tiles.bn // tiles.threads)
+        deeper = tiles._replace(bk=2 * tiles.bk)
+        assert tiles.bk * (tiles.bm + tiles.bn) * 4 <= 40 * 1024 and prefetched <= PREFETCH
+        assert (inner <= 8 * tiles.bk or tiles.bk == 64       # 8 slices deep, unless twice as deep overflows
+                or -(-deeper.bk * deeper.bm // deeper.threads) - (-deeper.bk * deeper.bn // deeper.threads) > PREFETCH)
 
 
 # -- the dense layers through the same product -------------------------------------------------------
