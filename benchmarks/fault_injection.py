@@ -1,8 +1,8 @@
-"""Fault injection: does a training run lose work when it is killed, the disk fills, a path is
-read-only, or a second run writes the same checkpoint?
+"""Fault injection: does a training run lose work when it is killed or stopped, the disk fills, a path is
+read-only or vanishes, or a second run writes the same checkpoint?
 
     python benchmarks/fault_injection.py                  # writes benchmarks/results/fault_injection.json
-    python benchmarks/fault_injection.py --readme README.md   # ... and README's reliability block from it
+    python benchmarks/fault_injection.py --as-user-too --readme README.md   # as root: again as nobody; README
     python benchmarks/fault_injection.py --quick --results /tmp/f.json    # what the test suite runs
 
 Every scenario runs the real code (``cnn.train``, ``cnn.guard``, ``cnn.checkpoint``, ``python -m cnn train``'s
@@ -23,6 +23,20 @@ read-only paths            --checkpoint / --out in a read-only directory or unde
 two concurrent writers     two runs on one checkpoint (one refused in one line); the lock of a
                            run killed -9 (never blocks); two writers bypassing the lock with a
                            reader loading all the while (never a damaged file)
+SIGINT / SIGTERM           sent at a random moment to a ``python -m cnn train`` in a forked child: it
+                           stops in one line (exit 130 / 143) with the checkpoint of that step and
+                           its history; --resume must end bit-identical to an uninterrupted run
+folder read-only mid-run   as the second epoch begins: as root a read-only bind mount of the
+                           checkpoint folder, as an ordinary user (root's trial switches to
+                           ``nobody`` in a forked child) chmod 0555: one line, exit 1, the first
+                           epoch's checkpoint intact, the history where the line says
+folder removed mid-run     rm -r of the checkpoint folder as the second epoch begins: one line
+                           (the lock is no longer this run's), the history where it says
+a symlink                  to the checkpoint or to its folder: refused while a run holds the real
+                           checkpoint; alone, written through, the link still a link
+a plain .npy               given to evaluate and to train --resume: one line, the file untouched
+a run that explodes        a good epoch, then --lr 3 with a checkpoint every step: the checkpoint
+                           kept must have a test loss within cnn.guard.SANE_FACTOR of the best seen
 
 A trial *fails* when the behaviour differs from the above (a traceback, more than one line, a
 damaged or missing file, a temporary left); it *loses work* when something acknowledged as written
@@ -42,6 +56,7 @@ import errno  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -55,7 +70,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cnn import checkpoint as checkpoints  # noqa: E402
-from cnn.atomic import stale_temporaries  # noqa: E402
+from cnn.atomic import replaced_on_success, stale_temporaries  # noqa: E402
 from cnn.data import write_idx  # noqa: E402
 from cnn.data.synthetic import corner_digits  # noqa: E402
 from cnn.model import get_network  # noqa: E402
@@ -316,18 +331,19 @@ def kill_while_training(trials: int, scratch: Path) -> Scenario:
 
 # -- scenario 3: disk full ---------------------------------------------------------------------
 
-class FillDiskAt:
-    """Wraps a stage: when epoch ``epoch`` (0-based) begins, ``fill()`` runs (a file fills the disk)."""
+class AtEpoch:
+    """Wraps a stage: when epoch ``epoch`` (0-based) begins, ``fault()`` runs (a file fills the disk, the
+    checkpoint folder goes read-only or away)."""
 
-    def __init__(self, stage, epoch: int, fill):
-        self.stage, self.epoch, self.fill, self.began = stage, epoch, fill, 0
+    def __init__(self, stage, epoch: int, fault):
+        self.stage, self.epoch, self.fault, self.began = stage, epoch, fault, 0
 
     def __getattr__(self, name):
         return getattr(self.stage, name)
 
     def begin_epoch(self, *args, **kwargs):
         if self.began == self.epoch:
-            self.fill()
+            self.fault()
         self.began += 1
         return self.stage.begin_epoch(*args, **kwargs)
 
@@ -395,7 +411,7 @@ def disk_full(scratch: Path) -> Scenario:
         with tmpfs(2 << 20) as disk:
             stage = get_stage("numpy")(get_network("lenet5")).init("he", 0)
             if disk is not None:
-                wrapped = FillDiskAt(stage, fail_at_epoch, fill_leaving(disk, 8 << 10))
+                wrapped = AtEpoch(stage, fail_at_epoch, fill_leaving(disk, 8 << 10))
                 settings = config(disk / "ck.npz", epochs=3, checkpoint_every=every)
                 expected = (fail_at_epoch, 0)           # the epoch-end checkpoint before the disk filled
                 problem, lost = stopped_run_keeps_everything(disk, lambda: quiet_train(settings, data, stage=wrapped),
@@ -532,15 +548,270 @@ def concurrent_writers(trials: int, scratch: Path) -> Scenario:
     return scenario
 
 
+# -- scenario 6: issue 26's faults ----------------------------------------------------------------
+
+@contextlib.contextmanager
+def faulty_stages(epoch: int, fault):
+    """``python -m cnn train`` run in this process trains stages that run ``fault()`` when epoch ``epoch`` begins."""
+    import cnn.train
+
+    real_get_stage = cnn.train.get_stage
+
+    class Built:
+        def __init__(self, build):
+            self.build = build
+
+        def __call__(self, *args, **kwargs):
+            self.stage = self.build(*args, **kwargs)
+            return self
+
+        def init(self, *args, **kwargs):
+            return AtEpoch(self.stage.init(*args, **kwargs), epoch, fault)
+    cnn.train.get_stage = lambda name: Built(real_get_stage(name))
+    try:
+        yield
+    finally:
+        cnn.train.get_stage = real_get_stage
+
+
+def history_named(message: str) -> Path | None:
+    """The file a one-line message says the history is in ("...; history in P", "... the history is in P")."""
+    match = re.search(r"history (?:is )?in (\S+)$", message.strip())
+    return Path(match.group(1)) if match else None
+
+
+def train_arguments(idx: Path, checkpoint: Path, epochs: int, *extra) -> tuple[str, ...]:
+    return ("train", "--data-dir", str(idx), "--epochs", str(epochs), "--batch-size", "16", "--checkpoint",
+            str(checkpoint), "--out", str(checkpoint.with_suffix(".json")), "--no-progress", *extra)
+
+
+def folder_fault_run(scratch: Path, fault, epoch: int) -> tuple[int, str]:
+    """``python -m cnn train`` (3 epochs of 4 steps) with its checkpoint and history in scratch/run, and
+    ``fault(folder)`` as epoch ``epoch`` (0-based) begins: (exit code, stderr)."""
+    idx = tiny_idx_dir(scratch / "idx")
+    with faulty_stages(epoch, lambda: fault(scratch / "run")):
+        code, _, err = cli(*train_arguments(idx, scratch / "run" / "ck.npz", 3))
+    return code, err
+
+
+def judge_folder_fault(scratch: Path, code, err: str, expect: str, epoch: int, kept: bool) -> tuple[str | None, bool]:
+    """The run must stop with exit 1 and one line saying ``expect``, the history of all its steps (to the
+    end of epoch ``epoch``) where that line says and no temporary; ``kept``: the checkpoint written before
+    the fault still there. (problem, work lost)."""
+    run, history = scratch / "run", history_named(err)
+    history_ok = (history is not None and history.is_file()
+                  and len(json.loads(history.read_text())["steps"]) == 4 * (epoch + 1))
+    intact = not kept or checkpoints.load_checkpoint(run / "ck.npz")["epoch"] == epoch
+    if history is not None and history.parent != run:
+        history.unlink(missing_ok=True)
+    problems = [text for bad, text in ((code != 1 or len(err.strip().splitlines()) != 1 or expect not in err,
+                                        f"exit {code}, stderr {err.strip()[:200]!r}"),
+                                       (not history_ok, f"no history where the line says ({history})"),
+                                       (not intact, "the first epoch's checkpoint is gone"),
+                                       (run.is_dir() and bool(temporaries_in(run)), "a temporary was left")) if bad]
+    return ("; ".join(problems) or None), not (history_ok and intact)
+
+
+def bind_read_only(folder: Path) -> None:
+    """Make ``folder`` read-only under the running process, as root: a read-only bind mount of itself."""
+    for options in (["--bind"], ["-o", "remount,bind,ro"]):
+        subprocess.run(["mount", *options, str(folder), str(folder)], check=True, capture_output=True)
+
+
+def can_bind_mount(scratch: Path) -> bool:
+    probe = scratch / "probe"
+    probe.mkdir(parents=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    try:
+        bind_read_only(probe)
+    except subprocess.CalledProcessError:
+        return False
+    subprocess.run(["umount", str(probe)], capture_output=True)
+    return True
+
+
+def ordinary_user() -> tuple[int, int] | None:
+    """(uid, gid) of the ordinary user ``nobody`` that root's trials switch to, or None."""
+    import grp
+    import pwd
+
+    try:
+        uid = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return None
+    for group in ("nogroup", "nobody"):
+        with contextlib.suppress(KeyError):
+            return uid, grp.getgrnam(group).gr_gid
+    return None
+
+
+def as_user(uid: int, gid: int, function, *args, ack) -> None:
+    """In a forked child: become ``uid``:``gid`` with no other groups (as ``setpriv --reuid --regid
+    --clear-groups`` would), run ``function(*args)`` and ack its result as JSON."""
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    ack(json.dumps(function(*args)))
+
+
+def read_only_mid_run(epochs: tuple[int, ...], scratch: Path) -> Scenario:
+    """The checkpoint folder goes read-only as each of ``epochs`` begins: as root a read-only bind mount, as
+    an ordinary user chmod 0555 (root's trials run as ``nobody`` in a forked child)."""
+    scenario, hows = Scenario("checkpoint folder read-only mid-run"), []
+    if can_bind_mount(scratch / "mount"):
+        hows.append("root: mount --bind + remount,bind,ro")
+        for epoch in epochs:
+            place = scratch / f"as-root-{epoch}"
+            try:
+                code, err = folder_fault_run(place, bind_read_only, epoch)
+            finally:
+                subprocess.run(["umount", str(place / "run")], capture_output=True)
+            scenario.trial(*judge_folder_fault(place, code, err, "Read-only file system", epoch, kept=True))
+    user = (os.geteuid(), os.getegid()) if os.geteuid() != 0 else ordinary_user()
+    for epoch in epochs if user is not None else ():
+        place = Path(tempfile.mkdtemp(prefix="faults-user-"))     # outside root's private scratch
+        os.chown(place, *user)
+        try:
+            if os.geteuid() == 0:
+                pid, read = forked(as_user, *user, folder_fault_run, place, lambda run: run.chmod(0o555), epoch)
+                lines = acks_of(pid, read)
+                code, err = json.loads(lines[-1]) if lines and not lines[-1].startswith("error") else (lines, "")
+            else:
+                code, err = folder_fault_run(place, lambda run: run.chmod(0o555), epoch)
+            (place / "run").chmod(0o755)
+            scenario.trial(*judge_folder_fault(place, code, err, "Permission denied", epoch, kept=True))
+        finally:
+            shutil.rmtree(place, ignore_errors=True)
+    if user is not None:
+        hows.append(f"{'user nobody (setuid in a child)' if os.geteuid() == 0 else 'an ordinary user'}: chmod 0555")
+    scenario.how = "; ".join(hows)
+    return scenario
+
+
+def folder_removed_mid_run(epochs: tuple[int, ...], scratch: Path) -> Scenario:
+    scenario = Scenario("checkpoint folder removed mid-run", "rm -r of the folder as an epoch begins")
+    for epoch in epochs:
+        place = scratch / str(epoch)
+        code, err = folder_fault_run(place, shutil.rmtree, epoch)
+        scenario.trial(*judge_folder_fault(place, code, err, "is no longer the lock this run took", epoch, kept=False))
+    return scenario
+
+
+def symlinked_checkpoints(scratch: Path) -> Scenario:
+    """A link to the checkpoint, or to its folder, is the same checkpoint: refused while a run holds the
+    real one; written through (the link stays a link) when alone."""
+    scenario = Scenario("a symlink to a checkpoint or its folder", "a run through the link while another holds the "
+                        "checkpoint; a run through the link alone")
+    idx, real = tiny_idx_dir(scratch / "idx"), scratch / "real" / "ck.npz"
+    cli(*train_arguments(idx, real, 1))
+    (scratch / "link.npz").symlink_to(real)
+    (scratch / "linked").symlink_to(real.parent, target_is_directory=True)
+    for epochs, alias in enumerate((scratch / "link.npz", scratch / "linked" / "ck.npz"), start=2):
+        with checkpoints.CheckpointLock(real):
+            code, out, err = cli(*train_arguments(idx, alias, epochs, "--resume"))
+        scenario.trial(one_line_refusal(code, out, err, f"another run (pid {os.getpid()})"))
+        code, out, err = cli(*train_arguments(idx, alias, epochs, "--resume"))
+        written = checkpoints.load_checkpoint(real)["epoch"] == epochs
+        links = (scratch / "link.npz").is_symlink() and (scratch / "linked").is_symlink()
+        stray = sorted(path.name for path in real.parent.iterdir() if path.suffix in (".lock", ".tmp"))
+        scenario.trial(None if code == 0 and written and links and stray == [] else
+                       f"through {alias}: exit {code}, written {written}, links kept {links}, left {stray}",
+                       lost=not written)
+    return scenario
+
+
+def plain_array_as_checkpoint(scratch: Path) -> Scenario:
+    scenario = Scenario("a plain .npy array given as a checkpoint", "evaluate and train --resume")
+    idx, array = tiny_idx_dir(scratch / "idx"), scratch / "weights.npy"
+    np.save(array, np.zeros(LENET5_PARAMS, np.float32))
+    before = array.read_bytes()
+    for arguments in (("evaluate", "--checkpoint", str(array)), train_arguments(idx, array, 1, "--resume")):
+        problem = one_line_refusal(*cli(*arguments), "is a single .npy array")
+        scenario.trial(problem or (None if array.read_bytes() == before else "the file was changed"))
+    return scenario
+
+
+def exploding_run(scratch: Path) -> Scenario:
+    """A good epoch, then --lr 3 with a checkpoint every step: the checkpoint kept must not have exploded."""
+    from cnn.guard import SANE_FACTOR
+    from cnn.train import evaluate, load_dataset
+
+    scenario = Scenario("a run that explodes (a good epoch, then --lr 3)",
+                        f"the checkpoint kept: test loss within {SANE_FACTOR:g} × the best seen")
+    idx, path = tiny_idx_dir(scratch / "idx"), scratch / "ck.npz"
+    cli(*train_arguments(idx, path, 1))
+    code, out, err = cli(*train_arguments(idx, path, 6, "--resume", "--lr", "3", "--checkpoint-every", "1"))
+    saved = checkpoints.load_checkpoint(path)
+    stage = get_stage("numpy")(get_network("lenet5"))
+    stage.set_params(saved["params"])
+    _, _, test_x, test_y = load_dataset(TrainConfig(data_dir=str(idx), progress=False))
+    with np.errstate(all="ignore"):
+        loss = evaluate(stage, test_x, test_y)[1]
+    best = min([epoch["test_loss"] for epoch in saved["history"]["epochs"]] + [np.log(10)])
+    sane = loss <= max(SANE_FACTOR * best, np.log(10))
+    problem = one_line_refusal(code, out, err, "training diverged") if code != 1 else None
+    if code != 1 or len(err.strip().splitlines()) != 1 or not sane:
+        problem = problem or f"exit {code}, kept a checkpoint of test loss {loss:.3g} (best {best:.3g}): {err[:150]!r}"
+    scenario.trial(problem, lost=not sane)
+    return scenario
+
+
+def train_acking_exit(arguments, ack) -> None:
+    code, _, err = cli(*arguments)
+    ack(json.dumps([code, err]))
+
+
+def signal_while_training(trials: int, scratch: Path) -> Scenario:
+    """SIGINT or SIGTERM at a random moment of a ``python -m cnn train`` in a forked child; then --resume."""
+    scenario = Scenario("SIGINT or SIGTERM at a random moment while training, then --resume")
+    stopped = 0
+    idx = tiny_idx_dir(scratch / "idx")
+    started = time.perf_counter()
+    cli(*train_arguments(idx, scratch / "reference.npz", 3))
+    duration, reference = time.perf_counter() - started, checkpoints.load_checkpoint(scratch / "reference.npz")
+    for trial in range(trials):
+        signum = (signal.SIGINT, signal.SIGTERM)[trial % 2]
+        path = scratch / f"stop-{trial}" / "ck.npz"
+        pid, read = forked(train_acking_exit, train_arguments(idx, path, 3))
+        time.sleep(random.uniform(0.1, 0.9) * duration)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+        lines = acks_of(pid, read)
+        code, err = json.loads(lines[-1]) if lines and lines[-1].startswith("[") else (None, "")
+        history = history_named(err)
+        stopped_well = (code == 128 + signum and len(err.strip().splitlines()) == 1 and "--resume" in err
+                        and history is not None and history.is_file())
+        stopped += stopped_well
+        finished = (path.exists() and path.with_suffix(".json").exists()
+                    and checkpoints.load_checkpoint(path)["epoch"] == 3)
+        # killed by the signal's default action: only before the command took the signals, or after it ended
+        problem = None if stopped_well or code == 0 or (code is None and (finished or not path.exists())) else (
+            f"trial {trial}: exit {code}, {err.strip()[:200]!r}")
+        code, _, err = cli(*train_arguments(idx, path, 3, "--resume"))
+        same = code == 0 and np.array_equal(checkpoints.load_checkpoint(path)["params"], reference["params"])
+        left = sorted(item.name for item in path.parent.iterdir() if item.name not in ("ck.npz", "ck.json"))
+        problem = problem or (None if same and not left else f"trial {trial}: resumed bit-identical {same}, left {left}")
+        scenario.trial(problem, lost=not same)
+    scenario.how = (f"SIGINT and SIGTERM in turn; {stopped} of {trials} runs stopped mid-run, the others had "
+                    "finished or not begun")
+    return scenario
+
+
 # -- the summary, the results file, README's block ------------------------------------------------
 
-def run_all(kill_trials: int, train_trials: int, writer_trials: int) -> list[Scenario]:
+def run_all(kill_trials: int, train_trials: int, writer_trials: int, fault_epochs: tuple[int, ...]) -> list[Scenario]:
     with tempfile.TemporaryDirectory(prefix="faults-") as scratch_name:
         scratch = Path(scratch_name)
         steps = [lambda: kill_while_writing(kill_trials, scratch / "1"),
                  lambda: kill_while_training(train_trials, scratch / "2"),
                  lambda: disk_full(scratch / "3"), lambda: read_only_paths(scratch / "4"),
-                 lambda: concurrent_writers(writer_trials, scratch / "5")]
+                 lambda: concurrent_writers(writer_trials, scratch / "5"),
+                 lambda: signal_while_training(2 * train_trials, scratch / "6"),
+                 lambda: read_only_mid_run(fault_epochs, scratch / "7"),
+                 lambda: folder_removed_mid_run(fault_epochs, scratch / "8"),
+                 lambda: symlinked_checkpoints(scratch / "9"), lambda: plain_array_as_checkpoint(scratch / "10"),
+                 lambda: exploding_run(scratch / "11")]
         scenarios = []
         for number, step in enumerate(steps, start=1):
             (scratch / str(number)).mkdir()
@@ -571,6 +842,10 @@ def readme_block(results: dict) -> str:
                  f"{results['failures']} failures, {results['lost_work']} with work lost.** A failure is a traceback, "
                  "a message of more than one line, a damaged checkpoint or a temporary file left behind; lost "
                  "work is a checkpoint whose write had returned, or the history of a run that stopped, gone afterwards.")
+    again = results.get("as_ordinary_user")
+    if again:
+        paragraph += (f" The table is the run as root; run again as the ordinary user {again['user']}: {again['trials']} "
+                      f"trials, {again['failures']} failures, {again['lost_work']} with work lost.")
     lines = [README_START, f"<!-- generated by `{results['command']} --readme README.md` from "
              "benchmarks/results/fault_injection.json; do not edit by hand -->",
              textwrap.fill(paragraph, width=100, break_long_words=False, break_on_hyphens=False),
@@ -588,26 +863,51 @@ def update_readme(readme: Path, results: dict) -> None:
     readme.write_text(text[:start] + readme_block(results) + text[end:])
 
 
+def run_as_ordinary_user(quick: bool) -> dict | None:
+    """This script again, as ``setpriv --reuid=nobody --regid=nogroup --clear-groups``: its totals, or None
+    where there is no such user or no setpriv."""
+    user = ordinary_user()
+    if user is None or shutil.which("setpriv") is None:
+        return None
+    place = Path(tempfile.mkdtemp(prefix="faults-as-user-"))
+    os.chown(place, *user)
+    try:
+        command = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", sys.executable, __file__,
+                   "--results", str(place / "results.json")] + (["--quick"] if quick else [])
+        run = subprocess.run(command, cwd=place, capture_output=True, text=True)
+        print(f"as user nobody: {(run.stdout.strip().splitlines() or [run.stderr.strip()])[-1]}", flush=True)
+        again = json.loads((place / "results.json").read_text())
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+    return {"user": "nobody", **{key: again[key] for key in ("trials", "failures", "lost_work")}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer trials (what the test suite runs)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--readme", type=Path, default=None, help="rewrite this README's reliability block")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--as-user-too", action="store_true",
+                        help="as root: run every scenario again as the ordinary user nobody (setpriv) and record it")
     args = parser.parse_args(argv)
     random.seed(args.seed)
     started = time.perf_counter()
-    trials = (10, 3, 2) if args.quick else (40, 8, 4)
+    trials = (10, 3, 2, (1,)) if args.quick else (40, 8, 4, (1, 2))
     scenarios = run_all(*trials)
-    command = "python benchmarks/fault_injection.py" + (" --quick" if args.quick else "")
+    command = ("python benchmarks/fault_injection.py" + (" --quick" if args.quick else "")
+               + (" --as-user-too" if args.as_user_too else ""))
     results = summary(scenarios, time.perf_counter() - started, command)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(results, indent=1) + "\n")
+    if args.as_user_too and os.geteuid() == 0:
+        results["as_ordinary_user"] = run_as_ordinary_user(args.quick)
+    with replaced_on_success(args.results) as temporary:
+        temporary.write_text(json.dumps(results, indent=1) + "\n")
     print(f"total: {results['trials']} trials, {results['failures']} failures, {results['lost_work']} with work lost "
           f"({results['seconds']} s); {args.results}")
     if args.readme:
         update_readme(args.readme, results)
-    return 0 if results["failures"] == 0 and results["lost_work"] == 0 else 1
+    again = results.get("as_ordinary_user") or {"failures": 0, "lost_work": 0}
+    return 0 if results["failures"] == results["lost_work"] == again["failures"] == again["lost_work"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import warnings
 import zipfile
@@ -83,8 +84,8 @@ def read_checkpoint(path: str | Path) -> dict:
     """
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            return _read(handle, path.stat().st_size)
+        with open(path, "rb") as handle:             # one open file throughout: a writer may replace the path
+            return _read(handle, os.fstat(handle.fileno()).st_size)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such checkpoint") from None
     except IsADirectoryError:

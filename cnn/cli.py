@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from cnn.argtypes import count, decay_factor, momentum, non_negative_float, positive_float, positive_int, seed
+from cnn.interrupt import politely
 from cnn.model import INIT_SCHEMES, NETWORKS
 from cnn.train import SCHEDULES, TrainConfig
 
@@ -95,6 +96,7 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+@politely    # SIGINT/SIGTERM stop training politely, and one after training waits for the history to be saved
 def cmd_train(args) -> int:
     """Train; the history goes to --out, checked writable before training. A run that stops early
     (divergence, a checkpoint that cannot be written, SIGINT/SIGTERM) still saves its history and says where."""

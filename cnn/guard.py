@@ -109,8 +109,8 @@ class Guard:
         self.check(loss, "the test loss", epoch, batch, lr)
         limit = self.sane_limit()
         if loss > limit:
-            why = (f" (the sane limit is {limit:.3g}: {SANE_FACTOR:g} × the lowest test loss so far, {self.best:.3g}, "
-                   f"and at least the {self.chance_loss:.3g} of knowing nothing)")
+            why = (f" (more than {limit:.3g}, {SANE_FACTOR:g} × the lowest test loss so far)" if limit > self.chance_loss
+                   else f" (worse than knowing nothing, {limit:.3g}, after a lowest test loss of {self.best:.3g})")
             raise TrainingDiverged(divergence_message(self.config, f"{loss:.3g}", epoch, batch, lr, self.kept(),
                                                       "the test loss", why), self.history)
         self.best = min(self.best, loss)

@@ -17,17 +17,25 @@ stopped. Leaving the block puts the previous handlers back.
 
 Signal handlers can only be set from the main thread of the main interpreter: elsewhere the block
 changes nothing and ``stop.installed`` is False (``requested`` then never becomes True).
+
+A ``polite_stop`` inside another one (in the same thread) installs nothing and shares the outer
+one's request. That is what ``@politely`` is for: ``python -m cnn train`` runs inside one, so a
+signal that arrives after training has ended — while its history is still being written — waits
+for the history instead of killing the process before it is saved.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
 from collections.abc import Iterator
 
 #: The signals a polite stop catches: Ctrl-C, and what schedulers and notebook servers send before SIGKILL
 POLITE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_active = threading.local()         # .stop: the polite stop in force in this thread, if any
 
 
 class StopRequest:
@@ -51,6 +59,9 @@ class StopRequest:
 def polite_stop(signals=POLITE_SIGNALS) -> Iterator[StopRequest]:
     """Within the block, each of ``signals`` sets ``stop.requested`` the first time and is handled as
     before the block the second time; the previous handlers are restored when the block ends."""
+    if getattr(_active, "stop", None) is not None:        # inside another one: share it
+        yield _active.stop
+        return
     stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -64,9 +75,19 @@ def polite_stop(signals=POLITE_SIGNALS) -> Iterator[StopRequest]:
     try:
         for signum in signals:
             signal.signal(signum, on_signal)
-        stop.installed = True
+        stop.installed, _active.stop = True, stop
         yield stop
     finally:
+        _active.stop = None
         for signum, handler in previous.items():
             # None: a handler not set from Python; the default is the nearest we can restore
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def politely(command):
+    """Decorator: ``command`` runs inside a ``polite_stop``, which every ``polite_stop`` within it shares."""
+    @functools.wraps(command)
+    def within_a_polite_stop(*args, **kwargs):
+        with polite_stop():
+            return command(*args, **kwargs)
+    return within_a_polite_stop

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cnn.interrupt import polite_stop
+from cnn.interrupt import polite_stop, politely
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.base import Stage
@@ -236,3 +236,17 @@ def test_the_command_line_stops_politely_and_resumes_bit_for_bit(tmp_path, signu
     assert np.array_equal(finished["params"], expected["params"])
     assert np.array_equal(finished["momentum"], expected["momentum"])
     assert [step[1] for step in finished["history"]["steps"]] == [step[1] for step in expected["history"]["steps"]]
+
+
+def test_a_polite_stop_inside_another_shares_it_and_politely_holds_one_around_a_command():
+    with polite_stop() as outer:
+        with polite_stop() as inner:
+            assert inner is outer
+        os.kill(os.getpid(), signal.SIGTERM)    # the inner block's end restored nothing
+        assert outer.requested
+
+    @politely
+    def command():
+        os.kill(os.getpid(), signal.SIGTERM)    # after the work: the command still finishes
+        return "finished"
+    assert command() == "finished"
