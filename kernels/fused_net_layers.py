@@ -158,20 +158,21 @@ def weight_gradient(op, floats, ints, n, f, c, count, p, q, sums):
     """sums[r] = dW[f, c + r, p, q] for r < count (the others repeat channel c + count − 1), summed over the
     block's samples and the windows of filter f: the gradient and the switch of a window are read once for
     the BLOCK channels."""
-    channels, height, width = op[C], op[H], op[W]
-    plane_out = op[HO] * op[WO]
+    channels, height, width, stride = op[C], op[H], op[W], op[STRIDE]
+    plane_out, gradients, switches = op[HO] * op[WO], op[DOUT], op[SWITCH]
+    down, right = p - op[PAD], q - op[PAD]
     for r in range(BLOCK):
         sums[r] = float32(0.0)
     for s in range(n):
         outputs = (s * op[F] + f) * plane_out
         inputs = op[IN] + (s * channels + c) * height * width
         for o in range(outputs, outputs + plane_out):
-            g = floats[at(op[DOUT] + o)]
+            g = floats[at(gradients + o)]
             if g == float32(0.0):
                 continue
-            won = ints[at(op[SWITCH] + o)]
-            y = (won >> 16) * op[STRIDE] + p - op[PAD]
-            x = (won & LOW_BITS) * op[STRIDE] + q - op[PAD]
+            won = ints[at(switches + o)]
+            y = (won >> 16) * stride + down
+            x = (won & LOW_BITS) * stride + right
             if 0 <= y < height and 0 <= x < width:
                 for r in range(BLOCK):
                     sums[r] += g * floats[at(inputs + min(r, count - 1) * height * width + y * width + x)]
@@ -180,12 +181,12 @@ def weight_gradient(op, floats, ints, n, f, c, count, p, q, sums):
 @cuda.jit(device=True)
 def bias_gradient(op, floats, n, f):
     """db[f] = Σ_s Σ_{i,j} g[s, f, i, j]."""
-    plane_out = op[HO] * op[WO]
+    plane_out, gradients = op[HO] * op[WO], op[DOUT]
     total = float32(0.0)
     for s in range(n):
         outputs = (s * op[F] + f) * plane_out
         for o in range(outputs, outputs + plane_out):
-            total += floats[at(op[DOUT] + o)]
+            total += floats[at(gradients + o)]
     return total
 
 
@@ -195,7 +196,7 @@ def conv_input_gradient(op, floats, ints, params, s, c, count, y, x, sums):
     only conv output of its window with a gradient (a quarter of them for 2×2 pools), so this reads a quarter
     of what the full transposed convolution would."""
     channels, filters, kernel, stride, pad = op[C], op[F], op[K], op[STRIDE], op[PAD]
-    out_h, out_w = op[HO], op[WO]
+    out_h, out_w, gradients, switches, first_w = op[HO], op[WO], op[DOUT], op[SWITCH], op[PARAM]
     first_ci, last_ci = covering_windows(y + pad, kernel, stride, op[HC])      # conv outputs that see (y, x)
     first_cj, last_cj = covering_windows(x + pad, kernel, stride, op[WC])
     first_i = covering_windows(first_ci, op[POOL], op[PSTRIDE], out_h)[0]       # windows that may hold them
@@ -205,12 +206,12 @@ def conv_input_gradient(op, floats, ints, params, s, c, count, y, x, sums):
     for r in range(BLOCK):
         sums[r] = float32(0.0)
     for f in range(filters):
-        tap = op[PARAM] + (f * channels + c) * kernel * kernel + (y + pad) * kernel + x + pad  # W[f, c, p, q] + …
+        tap = first_w + (f * channels + c) * kernel * kernel + (y + pad) * kernel + x + pad  # W[f, c, p, q] + …
         for i in range(first_i, last_i + 1):
             for j in range(first_j, last_j + 1):
                 o = ((s * filters + f) * out_h + i) * out_w + j
-                g = floats[at(op[DOUT] + o)]
-                won = ints[at(op[SWITCH] + o)]
+                g = floats[at(gradients + o)]
+                won = ints[at(switches + o)]
                 ci, cj = won >> 16, won & LOW_BITS
                 if g != float32(0.0) and first_ci <= ci <= last_ci and first_cj <= cj <= last_cj:
                     w = tap - ci * stride * kernel - cj * stride
@@ -281,11 +282,11 @@ def dense_forward(op, floats, params, scratch, n, t, threads):
     """Two phases: item (s, o, lane) adds x[s, i]·W[o, i] over i = lane, lane + LANES, … into the scratch (the
     LANES threads of a warp read LANES neighbouring weights of row o at once); then item (s, o) adds its
     LANES sums in order, the bias, and applies the ReLU."""
-    inputs, outputs = op[C], op[F]
+    inputs, outputs, w = op[C], op[F], op[PARAM]
     for item in range(t, n * outputs * LANES, threads):
         lane = item % LANES
         s = item // (LANES * outputs)
-        row = op[PARAM] + (item // LANES - s * outputs) * inputs
+        row = w + (item // LANES - s * outputs) * inputs
         x = op[IN] + s * inputs
         total = float32(0.0)
         for i in range(lane, inputs, LANES):
@@ -296,7 +297,7 @@ def dense_forward(op, floats, params, scratch, n, t, threads):
         total = float32(0.0)
         for lane in range(LANES):
             total += floats[at(scratch + item * LANES + lane)]
-        total += params[at(op[PARAM] + outputs * inputs + item % outputs)]
+        total += params[at(w + outputs * inputs + item % outputs)]
         floats[at(op[OUT] + item)] = max(total, float32(0.0)) if op[RELU] != 0 else total
 
 
@@ -304,25 +305,25 @@ def dense_forward(op, floats, params, scratch, n, t, threads):
 def dense_backward(op, floats, params, partials, group, n, t, threads):
     """A DENSE row's backward pass in one phase (after ``relu_mask``): dW row by row (thread t takes columns
     t, t + T, …), then db and dL/dx as items."""
-    inputs, outputs = op[C], op[F]
+    inputs, outputs, gradients, x, w = op[C], op[F], op[DOUT], op[IN], op[PARAM]
     for o in range(outputs):
         for i in range(t, inputs, threads):
             total = float32(0.0)
             for s in range(n):
-                total += floats[at(op[DOUT] + s * outputs + o)] * floats[at(op[IN] + s * inputs + i)]
-            partials[group, at(op[PARAM] + o * inputs + i)] = total
+                total += floats[at(gradients + s * outputs + o)] * floats[at(x + s * inputs + i)]
+            partials[group, at(w + o * inputs + i)] = total
     data = n * inputs if op[NEED_DX] != 0 else 0
     for item in range(t, outputs + data, threads):
         total = float32(0.0)
         if item < outputs:
             for s in range(n):
-                total += floats[at(op[DOUT] + s * outputs + item)]
-            partials[group, at(op[PARAM] + outputs * inputs + item)] = total
+                total += floats[at(gradients + s * outputs + item)]
+            partials[group, at(w + outputs * inputs + item)] = total
         else:
             s = (item - outputs) // inputs
             i = item - outputs - s * inputs
             for o in range(outputs):
-                total += floats[at(op[DOUT] + s * outputs + o)] * params[at(op[PARAM] + o * inputs + i)]
+                total += floats[at(gradients + s * outputs + o)] * params[at(w + o * inputs + i)]
             floats[at(op[DIN] + s * inputs + i)] = total
 
 

@@ -54,6 +54,7 @@ FIELDS = 22
 LANES = 32                      # threads that share one Dense output's dot product (kernels/fused_net_layers.py)
 PACKED_LIMIT = 1 << 15          # switches pack ci and cj in 16 bits each
 WORD = 4                        # bytes
+BLOCKS_PER_SM = 2               # samples a block grow only once the batch gives every SM this many blocks
 
 
 class Plan(NamedTuple):
@@ -123,6 +124,12 @@ class TableBuilder:
         return {"input": int(np.prod(self.input_shape)), "outputs": sum(outs),
                 "gradients": gradients + max(0, max(lanes, default=0) - gradients),
                 "switches": sum(out for out, row in zip(outs, self.rows) if row["KIND"] == WINDOW), "labels": 1}
+
+    def samples_for(self, batch: int, limit_bytes: int, sms: int) -> int:
+        """Samples a block for a batch: one — more only when the batch gives every one of the ``sms`` SMs
+        ``BLOCKS_PER_SM`` blocks anyway (fewer rows of partial sums to add up) and they fit in shared memory."""
+        fit = limit_bytes // (WORD * sum(self.words_per_sample().values()))
+        return max(1, min(fit, -(-batch // (BLOCKS_PER_SM * sms))))
 
     def plan(self, samples: int, limit_bytes: int, poison: bool = False) -> Plan:
         """The table for blocks of ``samples`` samples; ValueError (one line) when it needs more than ``limit_bytes``."""

@@ -23,7 +23,9 @@ from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, alexnet_smal
 from cnn.stages import get_stage
 from cnn.stages.s2_numpy import NumpyStage
 from cnn.stages.s8_cuda_fused_net import CudaFusedNetStage, layer_table
+from kernels.fused_net_cost import predict
 from kernels.fused_net_step import H100_SHARED_LIMIT
+from kernels.fused_net_step import THREADS as GPU_THREADS
 from kernels.fused_net_table import DENSE, KIND, K, POOL, RELU, WINDOW
 from kernels.streams import AllocationCounter
 
@@ -176,3 +178,21 @@ def test_full_size_graph_replays_equal_eager_steps_bit_for_bit(net, batch):
     assert results[0][2] == 1 and results[1][2] == 3
     for losses, params, _ in results[1:]:
         assert np.array_equal(losses, results[0][0]) and np.array_equal(params, results[0][1])
+
+
+def test_predicted_figures_in_the_docstring_are_what_the_cost_model_gives():
+    """The docstring's PREDICTED step times, recomputed by kernels/fused_net_cost.py from the layer tables."""
+    import cnn.stages.s8_cuda_fused_net as s8
+
+    for label, net, batch in [("LeNet-5 b64", lenet5(), 64), ("AlexNet-small b128", alexnet_small(), 128)]:
+        samples = layer_table(net).samples_for(batch, H100_SHARED_LIMIT, 132)
+        low, high = predict(layer_table(net), net.num_params, batch, samples, GPU_THREADS).step_ms
+        line = next(line for line in s8.__doc__.splitlines() if line.strip().startswith(label))
+        assert line.split()[-3:] == [f"{low:.2f}", "–", f"{high:.2f}"], line
+
+
+def test_one_block_a_sample_runs_in_one_wave_up_to_the_number_of_sms():
+    """The cost model: 64 and 128 samples take one wave of blocks on 132 SMs (the same kernel time), 264 two."""
+    builder = layer_table(lenet5())
+    times = [predict(builder, lenet5().num_params, batch, 1, GPU_THREADS).kernel_1_us for batch in (64, 128, 264)]
+    assert times[0] == times[1] and times[2] == pytest.approx(tuple(2 * t for t in times[0]))

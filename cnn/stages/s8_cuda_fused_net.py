@@ -1,4 +1,90 @@
-"""Stage 8 ``cuda-fused-net``: the whole training step in three kernels (DOCSTRING IN PROGRESS)."""
+"""Stage 8 ``cuda-fused-net``: the whole training step in three kernels — seed 004's fusion taken to its end.
+
+What changes against stage 7 (``cuda-tuned``)
+----------------------------------------------
+Stage 7 runs a step as 13–26 kernels (one CUDA graph) that pass every activation and gradient
+through global memory. Stage 5 fused one convolution with its ReLU and pooling "to reduce our
+memory footprint"; this stage fuses EVERYTHING a group of samples needs, the way tiny-cuda-nn's
+"fully fused" networks do: at this size a step costs launches and round trips through memory, not
+arithmetic (LeNet-5's step is about 0.1 GFLOP at batch 64: under 2 µs at the H100's FP32 peak).
+
+    kernel 1  ``kernels/fused_net_step.py``   block g owns samples g·S … g·S + S − 1: it gathers them
+              from the resident data set (the step counter picks the batch), runs every layer
+              forward, the loss, and every layer backward — every activation, pooling switch and
+              activation gradient in the block's shared memory, the weights read from global memory
+              (the L2 cache holds them: 0.18 / 0.59 MB) — and writes its weight gradients to row g
+              of a partials buffer, nothing else but its losses
+    kernel 2  ``kernels/fused_net_sum_sgd.py``  thread k adds partials[0, k] + partials[1, k] + …
+              in that order and takes the SGD step (momentum, weight decay, lrs[counter]) on weight k
+    kernel 3  stage 7's ``finish_step``: the mean loss logged at the counter, the counter advanced
+
+No atomics anywhere: the same run gives the same bits every time (``tests/test_cuda_fused_net.py``
+proves it), which stage 5's push kernels could not. Stage 7's machinery is reused as it is: the
+data resident on the device, ``DeviceEpoch`` (the epoch's order and learning rates on the device,
+a request of ``SYNC_EVERY`` steps, one wait), the step recorded once as a CUDA graph and replayed.
+The test set is scored by kernel 1 in evaluation mode, all of it in one launch.
+
+Which layers are fused, and why all of them fit
+-----------------------------------------------
+The network becomes a *layer table* (``kernels/fused_net_table.py``) that the one kernel walks:
+a Conv with the ReLUs and the MaxPool after it is one WINDOW row (max(ReLU(z)) = ReLU(max(z)), so
+either order is one row), a Dense with its ReLU one DENSE row, a Flatten nothing at all (a block
+keeps each sample's activations in C order already); a pool that follows a pool, or a ReLU that
+opens the network, is a WINDOW row with no convolution. Any network of the course's layer list
+runs, the reduced copies and the odd shapes of the tests included. A pooled convolution never
+stores its full output: each item computes the conv outputs of its pooling window and keeps only
+the maximum and where it was — stage 5's idea, so AlexNet-small's first convolution (32×32×32
+floats before pooling, 128 KiB) takes 32 KiB of pooled output and 32 KiB of switches. Where even
+one sample does not fit in the 227 KiB a block may have, the stage refuses in one line at
+construction (``ValueError: … cannot be fused: 1 sample(s) a block need …``), never a wrong answer.
+
+Shared memory a block, one sample (``TableBuilder.words_per_sample``; ``tests`` check the totals):
+
+    KiB                     input  outputs  gradients  switches    total   of 227 KiB (H100, one block)
+    LeNet-5                   3.1      5.2       15.0       4.4     27.7
+    AlexNet-small            12.0     44.4       64.0      44.0    164.4
+
+(gradients: two buffers of the largest output, taking turns backward; during the forward pass the
+same words hold a Dense row's 32 partial dot products a neuron.) A block holds S samples when the
+batch gives every SM two blocks anyway and they fit: S = 1 at batch 64 and 128.
+
+Thread-to-data mapping (``kernels/fused_net_layers.py`` has each function's): thread t of a block
+takes items t, t + T, …; a forward convolution item is 4 filters × the 4 positions of a 2×2 pooling
+window (16 multiply-adds a tap from 4 weight loads and 4 input loads); a backward item is 4 channels
+of a weight gradient (pooled form: only each window's winner has a gradient) or of dL/dx; a Dense
+output's dot product is shared by the 32 lanes of a warp (coalesced weight rows). Every value is
+summed by one thread in a fixed order, so the bits do not depend on T either.
+
+Compiled for sm_90 without a GPU (``python -m cnn bench --static cuda-fused-net``, issue 22's report):
+kernel 1 uses 177 registers a thread, no spill, no local memory, no float64 instruction; 177
+registers leave room for 8 warps an SM (``THREADS`` = 256), and one block an SM at both sizes
+(LeNet-5: registers; AlexNet-small: shared memory too). Its forward inner loop is 112 instructions
+for 16 multiply-adds (it was 37 a multiply-add before every index was made unsigned and the loop
+tiled). Kernel 2: 29 registers; kernel 3: stage 7's.
+
+What it buys — PREDICTED, NOT YET MEASURED ON A GPU
+---------------------------------------------------
+Kernel 1 is one block a sample on 64 (LeNet-5) or 128 (AlexNet-small) of the H100's 132 SMs, one
+wave: its time is one block's. ``kernels/fused_net_cost.py`` predicts it phase by phase from the
+layer table: each phase's busiest thread executes its items × the instructions an item takes, read
+from the SASS of each device function compiled alone, and a warp issues one instruction every 2
+(independent work) to 4 (issue 22's calibration) cycles at 1.98 GHz; kernel 2 reads the partials at
+3.35 TB/s; kernels 2 and 3 take at least 2.5 µs; the graph replays the 3 kernels at 1 µs each.
+
+    ms a step, H100           stage 7 (MEASURED)  PyTorch graph (MEASURED)  cuda-fused-net (PREDICTED)
+    LeNet-5 b64                      1.01                 0.255                  0.08 – 0.16
+    AlexNet-small b128              11.0                  0.689                  0.91 – 1.79
+
+(Stage 7 and PyTorch: ``benchmarks/results/bench-*-nvidia-h100-80gb-hbm3-2026-11-23.json``.) So, by
+this prediction, the fused step beats PyTorch's CUDA graph on LeNet-5 (1.6–3.0×) and stage 7 on both
+networks (6–12×), and misses the issue's targets: 0.05 ms on LeNet-5 (a sample's backward is a long
+chain on one SM: conv2's dL/dx alone is 29–58 µs) and 0.5 ms on AlexNet-small, where it stays slower
+than PyTorch's graph (0.38–0.76×): 12 M multiply-adds a sample at 7 instructions each on 8 warps is
+~10 % of the SM's FP32 rate. What would close the gap: split the longest sums across threads (LeNet-5's
+latency), a shared-memory GEMM tile with vector loads for the convolutions (AlexNet-small's rate).
+``sh benchmarks/gpu_session.sh fused-net`` measures all of it on a GPU: the stage's gpu tests, the
+bench beside stage 7 and PyTorch (eager and one graph) on both networks, and 10 epochs of MNIST.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +99,10 @@ from kernels.device import cuda, simulated
 from kernels.device_epoch import finish_step, sum_scores
 from kernels.fused_net_step import THREADS, fused_net_scores, fused_net_step, shared_memory_limit
 from kernels.fused_net_sum_sgd import sum_partials, sum_sgd
-from kernels.fused_net_table import WORD, TableBuilder
+from kernels.fused_net_table import TableBuilder
 from kernels.launch_config import multiprocessors
 from kernels.sgd import sgd_momentum
 from kernels.streams import StreamLaunchCounter
-
-BLOCKS_PER_SM = 2             # samples a block grow only once the batch gives every SM this many blocks
 
 
 def layer_table(net) -> TableBuilder:
@@ -45,6 +129,7 @@ class CudaFusedNetStage(CudaStage):
     name = "cuda-fused-net"
     summary = ("Numba CUDA: a group of samples' whole forward, loss and backward in ONE kernel (every activation "
                "in shared memory), the gradient summed in a fixed order + SGD in a second: 3 kernels, one graph")
+    ops = None                                # no kernel per operation: ``bench --op`` skips the stage
 
     def __init__(self, net, dtype=np.float32, samples_per_block: int | None = None, threads: int = THREADS,
                  poison: bool | None = None, graphs: bool = True):
@@ -73,12 +158,10 @@ class CudaFusedNetStage(CudaStage):
 
     # -- the layer table for a batch size --------------------------------------------------------
     def samples_for(self, batch: int) -> int:
-        """Samples a block: as given, else one — more only when the batch gives every SM BLOCKS_PER_SM blocks
-        anyway (fewer partial rows to add up) and they fit in shared memory."""
+        """Samples a block: as given, else the table's choice for this batch (``TableBuilder.samples_for``)."""
         if self.samples_per_block is not None:
             return self.samples_per_block
-        fit = self.shared_limit // (WORD * sum(self.builder.words_per_sample().values()))
-        return max(1, min(fit, -(-batch // (BLOCKS_PER_SM * multiprocessors()))))
+        return self.builder.samples_for(batch, self.shared_limit, multiprocessors())
 
     def table_for(self, samples: int):
         if samples not in self.tables:
