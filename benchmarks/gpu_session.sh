@@ -7,6 +7,8 @@
 #   sh benchmarks/gpu_session.sh bench     # every gpu test; every stage + PyTorch, LeNet-5 b64 and AlexNet-small b128
 #   sh benchmarks/gpu_session.sh profile   # stage 7's ablation, both networks
 #   sh benchmarks/gpu_session.sh train     # cuda-tuned, LeNet-5, 10 epochs on MNIST
+#   sh benchmarks/gpu_session.sh fused-net # stage 8: its gpu tests; cuda-tuned and cuda-fused-net beside PyTorch
+#                                          # (eager and one CUDA graph) on both networks; 10 epochs of MNIST
 #
 # Parts chain: `sh benchmarks/gpu_session.sh bench train`. A GPU machine that cannot reach the
 # network needs MNIST carried along (the four IDX .gz files in data/mnist/, git-ignored). numba-cuda
@@ -20,7 +22,7 @@ export CNN_DATA_DIR="${CNN_DATA_DIR:-data}"
 PYTHON="${PYTHON:-python3}"
 results=benchmarks/results
 mkdir -p "$results"
-[ $# -gt 0 ] || { echo "gpu_session.sh: which parts? check, bench, profile, train" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "gpu_session.sh: which parts? check, bench, profile, train, fused-net" >&2; exit 2; }
 
 if ls .whl/numpy-*.whl >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/numpy-*.whl
@@ -77,8 +79,18 @@ for part in "$@"; do
         run "$PYTHON" -m cnn train --stage cuda-tuned --epochs 10 --no-progress \
             --out "$results/train-lenet5-cuda-tuned-10ep-$gpu-$(date +%F).json"
         ;;
+    fused-net)                # stage 8 (issue 21): ~7 minutes on an H100
+        "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_fused_net.py \
+            2>&1 | tee "$results/gpu-tests-stage8.log"
+        run "$PYTHON" -m cnn bench --stages cuda-tuned,cuda-fused-net --model lenet5 --batch-size 64 --budget 15
+        run "$PYTHON" -m cnn bench --stages cuda-tuned,cuda-fused-net --model alexnet-small --batch-size 128 \
+            --data random --budget 15
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
+        run "$PYTHON" -m cnn train --stage cuda-fused-net --epochs 10 --no-progress \
+            --out "$results/train-lenet5-cuda-fused-net-10ep-$gpu-$(date +%F).json"
+        ;;
     *)
-        echo "gpu_session.sh: unknown part '$part' (check, bench, profile, train, or ablation-MODEL-BATCH)" >&2
+        echo "gpu_session.sh: unknown part '$part' (check, bench, profile, train, fused-net, or ablation-MODEL-BATCH)" >&2
         exit 2
         ;;
     esac

@@ -41,6 +41,7 @@ Stage 8's fused training step (issue 21), three kernels a step:
     fused_net_layers  each kind of table row as device functions on one block's shared memory
     fused_net_step    one kernel: gather, forward, loss and backward of a group of samples per block
     fused_net_sum_sgd the groups' weight gradients summed in a fixed order, fused with the SGD step
+    fused_net_cost    what the fused step should cost on an H100, phase by phase (PREDICTED)
 
 Stage 3's CPU loops, compiled with ``numba.njit``, live apart in ``kernels/cpu/`` (its own docstring).
 
