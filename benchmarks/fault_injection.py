@@ -551,8 +551,9 @@ def concurrent_writers(trials: int, scratch: Path) -> Scenario:
 # -- scenario 6: issue 26's faults ----------------------------------------------------------------
 
 @contextlib.contextmanager
-def faulty_stages(epoch: int, fault):
-    """``python -m cnn train`` run in this process trains stages that run ``fault()`` when epoch ``epoch`` begins."""
+def stages_wrapped_by(wrap):
+    """Within the block, the stages ``cnn.train`` builds (``python -m cnn train`` run in this process too)
+    are trained as ``wrap(stage)``, the stage once initialised: a wrapper that injects a fault."""
     import cnn.train
 
     real_get_stage = cnn.train.get_stage
@@ -566,12 +567,17 @@ def faulty_stages(epoch: int, fault):
             return self
 
         def init(self, *args, **kwargs):
-            return AtEpoch(self.stage.init(*args, **kwargs), epoch, fault)
+            return wrap(self.stage.init(*args, **kwargs))
     cnn.train.get_stage = lambda name: Built(real_get_stage(name))
     try:
         yield
     finally:
         cnn.train.get_stage = real_get_stage
+
+
+def faulty_stages(epoch: int, fault):
+    """Stages that run ``fault()`` when epoch ``epoch`` (0-based) begins."""
+    return stages_wrapped_by(lambda stage: AtEpoch(stage, epoch, fault))
 
 
 def history_named(message: str) -> Path | None:

@@ -20,7 +20,7 @@ Five rules, each against one way work gets lost:
 - **The history survives.** ``save_history`` writes the history where asked or, if that fails,
   to the temporary directory, and says where.
 
-(Only sound parameters are written: that is the trainer's check, ``cnn.train``, since it needs the
+(Only sound parameters are written: that is the guard's check, ``cnn.guard``, since it needs the
 loss at the parameters.)
 """
 

@@ -156,11 +156,12 @@ def test_a_signal_in_the_last_epochs_evaluation_lets_the_run_finish(tmp_path, un
 
 # -- python -m cnn train, signalled from outside --------------------------------------------------------
 
-CHILD = """
+CHILD = f"""
 import sys
-import cnn.train
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / "benchmarks")!r})
 from cnn.cli import main
 from cnn.stages.base import Stage
+from fault_injection import stages_wrapped_by
 
 PAUSE_AT = int(sys.argv[1])
 
@@ -183,21 +184,8 @@ class PausedAt:
         return self.stage.train_step(*args, **kwargs)
 
 
-class Factory:
-    def __init__(self, build):
-        self.build = build
-
-    def __call__(self, *args, **kwargs):
-        self.stage = self.build(*args, **kwargs)
-        return self
-
-    def init(self, *args, **kwargs):
-        return PausedAt(self.stage.init(*args, **kwargs))
-
-
-real_get_stage = cnn.train.get_stage
-cnn.train.get_stage = lambda name: Factory(real_get_stage(name))
-sys.exit(main(sys.argv[2:]))
+with stages_wrapped_by(PausedAt):
+    sys.exit(main(sys.argv[2:]))
 """
 
 
