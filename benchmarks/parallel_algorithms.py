@@ -1,7 +1,7 @@
 """The measurements behind the algorithms of docs/distributed.md, on MNIST (a subset: short runs).
 
-    CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_algorithms.py            # all four
-    CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_algorithms.py --only overlap straggler
+    CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_algorithms.py            # all four, 3 repeats
+    CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_algorithms.py --only overlap straggler --repeats 5
     python -m cnn.parallel.report --algorithms benchmarks/results/parallel_algorithms.json --into docs/distributed.md
 
 - ``staleness``: Downpour (4 ranks: a server, 3 replicas) with the server's rule SGD with momentum
@@ -16,6 +16,11 @@
   first version's cut (after Flatten) against the cut the probe balances for a micro-batch of 8
   images, each at 1, 4 and 8 micro-batches of a batch of 32 — all six alternating step by step
   inside one 2-rank MPI job: the median step and each rank's median compute.
+
+Every section runs ``--repeats`` times (default 3), its configurations taking turns within each
+repeat, so that the tables give each figure as min–median–max over the repeats with the load
+average each repeat saw; a finding is what holds across the spread. ``--limit-train`` shrinks the
+runs where the machine is too loaded for the full size (the tables say which size they ran).
 
 Each section's results go into benchmarks/results/parallel_algorithms.json (the other sections are
 kept), with the machine, its cores and its load average: on a machine with fewer cores than ranks
@@ -104,6 +109,7 @@ def overlap_job(out: str, repeats: int) -> None:
     from cnn.model import get_network
     from cnn.parallel.allreduce import Allreduce, OverlappedAllreduce
     from cnn.parallel.optimizers import HostSGD
+    from cnn.parallel.synchronous import TAIL
     from cnn.parallel.timing import AVERAGE, COMPUTE, PhaseTimer
     from cnn.parallel.world import World
     from cnn.stages import get_stage
@@ -117,7 +123,7 @@ def overlap_job(out: str, repeats: int) -> None:
     opt = HostSGD(world.broadcast(stage.get_params(), "initial weights"), config)
     timer = PhaseTimer(world.rank)
     ways = {"plain": Allreduce(world, timer, "mpi"), "overlapped": OverlappedAllreduce(world, timer, net)}
-    message = np.empty(net.num_params + 1, np.float32)
+    message = np.zeros(net.num_params + TAIL, np.float32)         # [gradient | loss | stop flag]
     steps, waits = {name: [] for name in ways}, {name: [] for name in ways}
     batch = SUBSET["batch_size"]
     for repeat in range(repeats + 2):
@@ -156,9 +162,9 @@ def model_split(repeats: int = 30) -> dict:
         row["asked"] = "after Flatten" if row["split"] == "7" else "balanced"
         print(f"model-parallel cut {row['split']}, {row['micro_batches']} micro-batches: {row['step_ms']:.1f} ms a step",
               flush=True)
-    best = {batch: str(partition.balanced_partition(net, value)) for batch, value in costs.items()}
+    best = {str(batch): str(partition.balanced_partition(net, value)) for batch, value in costs.items()}
     return {"layers": [type(layer).__name__ for layer in net.layers], "repeats": repeats,
-            "costs_s": {batch: value.as_json() for batch, value in costs.items()}, "balanced": best, "runs": runs}
+            "costs_s": {str(batch): value.as_json() for batch, value in costs.items()}, "balanced": best, "runs": runs}
 
 
 def mpi_job(ranks: int, job: str, repeats: int, extra: str = "") -> dict:
@@ -169,7 +175,7 @@ def mpi_job(ranks: int, job: str, repeats: int, extra: str = "") -> dict:
         out = Path(scratch) / "result.json"
         mpiexec = find_mpiexec()
         argv = [mpiexec, *launcher_flags(mpiexec, ranks, fault_tolerant=False), "-n", str(ranks), sys.executable,
-                "-m", "mpi4py", __file__, job, str(out), "--repeats", str(repeats)] + (["--configs", extra] if extra else [])
+                "-m", "mpi4py", __file__, job, str(out), "--steps", str(repeats)] + (["--configs", extra] if extra else [])
         done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=environment())
         if done.returncode:
             raise RuntimeError(done.stderr[-2000:])
@@ -226,23 +232,33 @@ def model_split_job(out: str, repeats: int, configs: list) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each section, for min–median–max")
+    parser.add_argument("--limit-train", type=int, default=SUBSET["limit_train"],
+                        help="training images of the staleness and straggler runs")
     parser.add_argument("--overlap-job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-split-job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--configs", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--repeats", type=int, default=None, help="steps of each kind (overlap: 40, model split: 30)")
+    parser.add_argument("--steps", type=int, default=None, help="steps of each kind in one job (overlap: 40, "
+                                                                  "model split: 30)")
     args = parser.parse_args(argv)
     if args.overlap_job:
-        overlap_job(args.overlap_job, args.repeats)
+        overlap_job(args.overlap_job, args.steps)
         return 0
     if args.model_split_job:
-        model_split_job(args.model_split_job, args.repeats, [tuple(c) for c in json.loads(args.configs)])
+        model_split_job(args.model_split_job, args.steps, [tuple(c) for c in json.loads(args.configs)])
         return 0
+    SUBSET["limit_train"] = args.limit_train
     results = json.loads(OUT.read_text()) if OUT.exists() else {}
-    sections = {"staleness": staleness, "straggler": straggler, "overlap": lambda: overlap(args.repeats or 40),
-                "model-split": lambda: model_split(args.repeats or 30)}
+    sections = {"staleness": staleness, "straggler": straggler, "overlap": lambda: overlap(args.steps or 40),
+                "model-split": lambda: model_split(args.steps or 30)}
     for name in args.only:
-        started = time.time()
-        results[name] = {"results": sections[name](), "machine": machine(), "seconds": time.time() - started}
+        started, runs = time.time(), []
+        for repeat in range(args.repeats):
+            load = os.getloadavg()[0]
+            runs.append({"results": sections[name](), "load_average": [load, os.getloadavg()[0]]})
+            print(f"{name}: repeat {repeat + 1} of {args.repeats} done", flush=True)
+        results[name] = {"runs": runs, "machine": machine(), "seconds": time.time() - started,
+                         "limit_train": args.limit_train}
         OUT.write_text(json.dumps(results, indent=1))
     from cnn.parallel.report import algorithm_tables
 

@@ -77,6 +77,7 @@ def checkpoint_of(path) -> dict:
 
 def one_process(data_dir, batch_size, limit_train=None, **settings) -> np.ndarray:
     """The weights cnn.train reaches in one process with the global batch, from the same initial weights."""
+    settings.setdefault("warmup_epochs", 0.25)      # cnn.parallel's default for a one-epoch run: a quarter of it
     config = TrainConfig(data_dir=str(data_dir), batch_size=batch_size, epochs=1, lr=0.02, progress=False,
                          limit_train=limit_train, **settings)
     stage = get_stage("numpy")(get_network("lenet5")).init(config.init, config.seed)

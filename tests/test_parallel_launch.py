@@ -145,3 +145,51 @@ def test_asynchronous_strategies_default_to_settings_that_converge(argv, momentu
 
     args, _, _ = settings_from_args(build_parser().parse_args(argv))
     assert (args.momentum, args.lr) == (momentum, lr)
+
+
+@pytest.mark.parametrize("argv, warmup", [
+    (["--strategy", "allreduce", "--epochs", "1"], 0.25),       # one epoch: the warmup is its first quarter
+    (["--strategy", "allreduce", "--epochs", "2"], 0.5),
+    (["--strategy", "allreduce", "--epochs", "10"], 1.0),       # the usual one epoch when the run is long
+    (["--strategy", "allreduce", "--epochs", "1", "--warmup-epochs", "2"], 2.0),    # given: as given
+])
+def test_the_default_warmup_is_clipped_to_a_quarter_of_the_run(argv, warmup):
+    from cnn.parallel.cli import build_parser, settings_from_args
+
+    args, _, _ = settings_from_args(build_parser().parse_args(argv))
+    assert args.warmup_epochs == warmup
+
+
+def test_every_variable_a_remote_rank_needs_is_forwarded_with_x():
+    env = {"CNN_DATA_DIR": "/data", "CNN_FAST": "1", "NUMBA_ENABLE_CUDASIM": "1", "OMP_NUM_THREADS": "1",
+           "HOME": "/root", "PATH": "/bin"}
+    from cnn.parallel import hosts
+
+    assert hosts.forwarded(env) == ["CNN_DATA_DIR", "CNN_FAST", "NUMBA_ENABLE_CUDASIM", "OMP_NUM_THREADS"]
+    if MPIEXEC is not None and launch.mpi_version(MPIEXEC).flavour == "openmpi":
+        argv = launch.command("allreduce", 2, env=env)
+        assert argv[argv.index("CNN_DATA_DIR") - 1] == "-x" and "HOME" not in argv
+        assert argv.index("CNN_DATA_DIR") < argv.index("-n")
+
+
+def test_host_differences_are_one_line_each_naming_the_host():
+    from cnn.parallel import hosts
+
+    here = {"host": "a", "python": "/venv/bin/python", "python_version": "3.11.7", "package": "/src/cnn",
+            "package_digest": "1111", "env": {"CNN_DATA_DIR": "/data"},
+            "data": {"directory": "/data/mnist", "digest": "aaaa"}}
+    reports = {0: here, 1: here,
+               2: {**here, "host": "b", "env": {}, "data": {"problem": "MNIST: not found in /src/data"}},
+               3: {**here, "host": "c", "package_digest": "2222", "python_version": "3.10.1"},
+               4: {"host": "d", "missing": "no interpreter /venv/bin/python: ..."}}
+    lines = hosts.problems(reports)
+    assert lines == [
+        "host b (rank 2): no dataset: MNIST: not found in /src/data (CNN_DATA_DIR is set for rank 0, not there: "
+        "forward it — python -m cnn.parallel.launch does, with plain mpiexec add -x CNN_DATA_DIR)",
+        "host c (rank 3): Python 3.10.1 at /venv/bin/python, rank 0 runs 3.11.7: install the same environment on "
+        "every host",
+        "host c (rank 3): another cnn package (/src/cnn, digest 2222) than rank 0's (/src/cnn, 1111): every host "
+        "needs the same checkout (a shared filesystem, or the same commit at the same path)",
+        "host d (rank 4): no interpreter /venv/bin/python: ..."]
+    assert all("\n" not in line for line in lines)
+    assert hosts.problems({0: here, 1: here}) == []

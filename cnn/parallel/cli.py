@@ -5,7 +5,9 @@ defaults differ:
 
 - following Horovod, the strategies whose global batch grows with the workers (``ps-sync``,
   ``allreduce``, ``sandblaster``) use ``--schedule warmup`` with ``--lr-scale`` = the number of
-  workers (the linear scaling rule with a per-batch warmup); the others keep the rate constant;
+  workers (the linear scaling rule with a per-batch warmup over one epoch, or a quarter of the run
+  if that is shorter: a one-epoch run would otherwise never reach the scaled rate); the others keep
+  the rate constant;
 - the lock-free and stale-gradient strategies (``downpour``, ``hogwild``) take ``--momentum 0.5
   --lr 0.05``: asynchrony already acts as momentum (Mitliagkas et al. 2016), and with the usual 0.9
   a 4-rank Downpour run on MNIST ended at chance accuracy;
@@ -39,6 +41,7 @@ from cnn.parallel.optimizers import SERVER_RULES
 GROWING_BATCH = ("ps-sync", "allreduce", "sandblaster")
 STALE_DEFAULTS = {"downpour": {"momentum": 0.5, "lr": 0.05}, "hogwild": {"momentum": 0.5, "lr": 0.05}}
 ADAGRAD_LR = 0.01                 # downpour with its default server rule: Adagrad's base rate
+WARMUP_SHARE = 0.25               # the default warmup: one epoch, but at most this share of the run
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 
 
@@ -63,9 +66,10 @@ def build_parser() -> RankZeroParser:
                                         "mpiexec -n P python -m mpi4py -m cnn.parallel --strategy NAME")
     parser.add_argument("--strategy", required=True, choices=list(STRATEGIES))
     add_training_arguments(parser)
-    parser.set_defaults(schedule=None, lr_scale=None, momentum=None, lr=None)   # strategy-dependent: settings_from_args
+    parser.set_defaults(schedule=None, lr_scale=None, momentum=None, lr=None,   # strategy-dependent: settings_from_args
+                        warmup_epochs=None)
     run = parser.add_argument_group("run")
-    run.add_argument("--summary", default=None, help="JSON summary (default results/parallel-STRATEGY-RANKS.json)")
+    run.add_argument("--summary", default=None, help="JSON summary (default results/parallel-STRATEGY[-overlap]-RANKS.json)")
     run.add_argument("--timeline", default=None, help="Chrome-trace JSON of every rank's phases")
     run.add_argument("--log-every", type=count, default=0, help="a log line every N steps (0: about ten)")
     run.add_argument("--peer-timeout", type=positive_float, default=60.0,
@@ -119,6 +123,8 @@ def settings_from_args(args: argparse.Namespace):
 
     if args.schedule is None:
         args.schedule = "warmup" if args.strategy in GROWING_BATCH else "constant"
+    if args.warmup_epochs is None:          # a warmup longer than the run would never reach the scaled rate
+        args.warmup_epochs = min(TrainConfig.warmup_epochs, WARMUP_SHARE * args.epochs)
     if args.server_rule is None:
         args.server_rule = "adagrad" if args.strategy == "downpour" else "sgd"
     if args.strategy == "downpour" and args.server_rule == "adagrad" and args.lr is None:

@@ -114,7 +114,8 @@ class Run:
                              f"is larger than the {len(self.train_x)} training images")
         self.total_steps = self.steps_per_epoch * config.epochs
         self.checkpoint = config.checkpoint or f"results/parallel-{options.strategy}.npz"
-        self.summary_path = options.summary or f"results/parallel-{options.strategy}-{world.size}.json"
+        variant = "-overlap" if options.overlap else ""      # its own file: not the plain run's
+        self.summary_path = options.summary or f"results/parallel-{options.strategy}{variant}-{world.size}.json"
         self._orders, self._epoch_states = [], []
         self._rng = np.random.default_rng(config.seed)
         # Step 0 of Horovod's recipe: agree on t = 0 (the timeline's origin), which also checks every rank is up.
@@ -134,12 +135,14 @@ class Run:
         """Stamp the wall time of training (start-up and final evaluation excluded from img/s)."""
         self.train_seconds = time.perf_counter() - self.started
 
-    def announce(self, detail: str = "") -> None:
-        """Rank 0's first line: the layout, the batch and the learning rate."""
+    def announce(self, detail: str = "", rate: bool = True) -> None:
+        """Rank 0's first line: the layout, the batch and (``rate``: where the strategy follows one) the
+        learning rate's schedule."""
         config = self.config
         schedule = (f"lr {config.lr:g} → {config.lr * config.lr_scale:g} (linear scaling ×{config.lr_scale:g}, "
                     f"warmup over {config.warmup_epochs:g} epoch(s))" if config.schedule == "warmup"
                     else f"lr {config.lr:g} ({config.schedule})")
+        schedule = schedule if rate else "no learning-rate schedule"
         self.world.log(f"{self.options.strategy}: {self.world.size} ranks, {self.workers} worker(s) × batch "
                        f"{config.batch_size} = global batch {self.global_batch}, {self.steps_per_epoch} steps/epoch "
                        f"× {config.epochs} epoch(s); {schedule}; stage {config.stage}" + (f"; {detail}" if detail else ""))

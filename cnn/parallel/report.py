@@ -20,6 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from cnn.parallel.timing import AVERAGE, COMPUTE, DISTRIBUTE, FETCH, SEED_PHASES, UPDATE
 
 COLUMNS = [("compute", COMPUTE), ("grad fetch", FETCH), ("grad avg", AVERAGE), ("update", UPDATE),
@@ -172,63 +174,105 @@ def wait_table(result: dict) -> str:
 
 
 def measured_on(section: dict) -> str:
-    """"Measured on CPU (N cores, load L)" for one section of parallel_algorithms.json."""
+    """"Measured on CPU with N cores, R runs at load L–L'" for one section of parallel_algorithms.json."""
     machine = section.get("machine", {})
-    cores, load = machine.get("usable_cores") or machine.get("cores"), (machine.get("load_average") or [None])[0]
-    return (f"Measured on {machine.get('cpu', 'an unknown CPU')} with {cores} cores"
-            + (f", 1-minute load average {load:.1f}" if load is not None else "")
+    cores = machine.get("usable_cores") or machine.get("cores")
+    loads = [load for run in section.get("runs", []) for load in run.get("load_average", [])] or \
+        [(machine.get("load_average") or [None])[0]]
+    loads = [load for load in loads if load is not None]
+    runs = len(section_runs(section))
+    return (f"Measured on {machine.get('cpu', 'an unknown CPU')} with {cores} cores, "
+            f"{runs} run{'s' if runs > 1 else ''}"
+            + (f" at a 1-minute load average of {min(loads):.1f}–{max(loads):.1f}" if loads else "")
+            + (f", {section['limit_train']} training images" if section.get("limit_train") else "")
             + f" ({section.get('seconds', 0) / 60:.0f} min)")
 
 
+def section_runs(section: dict) -> list:
+    """The results of each run of a section (a file from before repeats holds one, as "results")."""
+    return [run["results"] for run in section["runs"]] if "runs" in section else [section["results"]]
+
+
+def spread(values, fmt: str = "{:.2f}", unit: str = "") -> str:
+    """min–median–max of ``values`` (one value: itself, marked as a single run)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return fmt.format(values[0]) + unit + " (1 run)"
+    low, mid, high = min(values), float(np.median(values)), max(values)
+    return f"{fmt.format(low)}–{fmt.format(mid)}–{fmt.format(high)}{unit}"
+
+
+SPREAD_NOTE = "Each cell: min–median–max over the runs."
+
+
 def staleness_table(section: dict) -> str:
-    """Downpour's final accuracy and loss per server rule and fetch interval."""
-    lines = [measured_on(section) + "; 4 ranks (3 replicas, oversubscribed where the cores are fewer).", "",
-             "| server rule | lr | --n-fetch | test accuracy | test loss | staleness mean, max |",
+    """Downpour's final accuracy and loss per server rule and fetch interval, over the runs."""
+    runs = section_runs(section)
+    lines = [measured_on(section) + "; 4 ranks (3 replicas, oversubscribed where the cores are fewer). "
+             + SPREAD_NOTE, "",
+             "| server rule | lr | --n-fetch | test accuracy, % | test loss | staleness mean |",
              "|---|---|---|---|---|---|"]
-    for row in section["results"]:
+    for index, row in enumerate(runs[0]):
+        same = [run[index] for run in runs]
         rule = "SGD, momentum " + f"{row['momentum']:g}" if row["rule"] == "sgd" else "Adagrad"
-        stale = row["staleness"]
-        lines.append(f"| {rule} | {row['lr']:g} | {row['n_fetch']} | {row['accuracy']:.2%} | {row['loss']:.3f} | "
-                     f"{stale['mean']:.2f}, {stale['max']} |")
+        lines.append(f"| {rule} | {row['lr']:g} | {row['n_fetch']} | "
+                     f"{spread([100 * r['accuracy'] for r in same], '{:.1f}')} | {spread([r['loss'] for r in same], '{:.3f}')} | "
+                     f"{spread([r['staleness']['mean'] for r in same], '{:.1f}')} |")
     return "\n".join(lines)
 
 
 def straggler_table(section: dict) -> str:
-    """EASGD's workers' ms a step, and how far each had got when the first finished, per mode."""
-    rows = section["results"]
-    workers = sorted(rows[0]["step_ms"], key=int)
-    lines = [measured_on(section) + "; 4 ranks (a master, 3 workers); worker rank 1 computes 3× slower.", "",
+    """EASGD's workers' ms a step, and how far the slow one had got when the first finished, per mode."""
+    runs = section_runs(section)
+    workers = sorted(runs[0][0]["step_ms"], key=int)
+    lines = [measured_on(section) + "; 4 ranks (a master, 3 workers); worker rank 1 computes 3× slower; the "
+             "two modes take turns in each run. " + SPREAD_NOTE, "",
              "| mode | " + " | ".join(f"rank {w}: ms a step" for w in workers) +
-             " | steps done when the first worker finished | wall time | test accuracy |",
-             "|---|" + "---|" * len(workers) + "---|---|---|"]
-    for row in rows:
-        progress = row.get("steps_when_first_worker_finished")
-        done = ", ".join(f"rank {w}: {progress[w]}" for w in workers) if progress else "all together (lock-step)"
-        lines.append(f"| {row['mode']} | " + " | ".join(f"{row['step_ms'][w]:.1f}" for w in workers) +
-                     f" | {done} of {row['steps']} | {row['train_seconds']:.1f} s | {row['accuracy']:.2%} |")
+             " | rank 1's steps when the first worker finished | wall time, s | against round-robin | test accuracy, % |",
+             "|---|" + "---|" * len(workers) + "---|---|---|---|"]
+    for index, row in enumerate(runs[0]):
+        same = [run[index] for run in runs]
+        baseline = [run[0]["train_seconds"] for run in runs]
+        progress = [r["steps_when_first_worker_finished"] for r in same]
+        done = (spread([p["1"] for p in progress], "{:.0f}") + f" of {row['steps']}" if all(progress)
+                else "all together (lock-step)")
+        lines.append(f"| {row['mode']} | " + " | ".join(spread([r["step_ms"][w] for r in same], "{:.0f}")
+                                                       for w in workers) +
+                     f" | {done} | {spread([r['train_seconds'] for r in same], '{:.1f}')} | "
+                     f"{spread([r['train_seconds'] / b for r, b in zip(same, baseline)], '{:.2f}', '×')} | "
+                     f"{spread([100 * r['accuracy'] for r in same], '{:.1f}')} |")
     return "\n".join(lines)
 
 
 def overlap_table(section: dict) -> str:
-    """Median step and wait-after-backward, plain against overlapped, per rank count."""
-    lines = [measured_on(section) + "; the two kinds of step alternate inside one MPI job per rank count.", "",
+    """Step and wait-after-backward, plain against overlapped, per rank count, over the runs."""
+    runs = section_runs(section)
+    lines = [measured_on(section) + "; the two kinds of step alternate inside one MPI job per rank count and run "
+             "(medians of its steps). " + SPREAD_NOTE, "",
              "| ranks | plain: ms a step | overlapped: ms a step | overlapped ÷ plain | wait after the backward: "
-             "plain | overlapped | oversubscribed |", "|---|---|---|---|---|---|---|"]
-    for row in section["results"]:
-        step, wait = row["step_s"], row["wait_s"]
-        lines.append(f"| {row['ranks']} | {step['plain'] * 1e3:.2f} | {step['overlapped'] * 1e3:.2f} | "
-                     f"{row['step_ratio']:.2f} | {wait['plain'] * 1e3:.2f} ms | {wait['overlapped'] * 1e3:.2f} ms | "
+             "plain, ms | overlapped, ms | oversubscribed |", "|---|---|---|---|---|---|---|"]
+    for index, row in enumerate(runs[0]):
+        same = [run[index] for run in runs]
+        lines.append(f"| {row['ranks']} | {spread([r['step_s']['plain'] * 1e3 for r in same], '{:.1f}')} | "
+                     f"{spread([r['step_s']['overlapped'] * 1e3 for r in same], '{:.1f}')} | "
+                     f"{spread([r['step_ratio'] for r in same], '{:.2f}')} | "
+                     f"{spread([r['wait_s']['plain'] * 1e3 for r in same], '{:.1f}')} | "
+                     f"{spread([r['wait_s']['overlapped'] * 1e3 for r in same], '{:.1f}')} | "
                      f"{'yes' if row['oversubscribed'] else 'no'} |")
     return "\n".join(lines)
 
 
 def model_split_table(section: dict) -> str:
-    """The per-layer cost probe, then each cut's compute per rank and step time at 1, 4, 8 micro-batches."""
-    result = section["results"]
+    """The per-layer cost probe (the last run's), then each cut's compute per rank and step time at 1, 4,
+    8 micro-batches, over the runs."""
+    runs = section_runs(section)
+    result = runs[-1]
     costs = result["costs_s"]
     batches = sorted(costs, key=int, reverse=True)
-    lines = [measured_on(section) + "; 2 ranks. The probe: ms of forward + backward of each layer alone, and of "
-             "each convolution block split into its fixed part + a part per filter.", "",
+    lines = [measured_on(section) + "; 2 ranks. The probe (last run): ms of forward + backward of each layer "
+             "alone, and of each convolution block split into its fixed part + a part per filter.", "",
              "| layer | " + " | ".join(f"ms at batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
     for index, name in enumerate(result["layers"]):
         cells = [f"{costs[b]['layers'][index] * 1e3:.3f}" for b in batches]
@@ -238,15 +282,20 @@ def model_split_table(section: dict) -> str:
                  for b in batches]
         lines.append(f"| block {block}: fixed + per filter | " + " | ".join(cells) + " |")
     lines.append("| balanced cut | " + " | ".join(result["balanced"][b] for b in batches) + " |")
+    cuts = sorted({r["balanced"]["8"] for r in runs})
     lines += ["", f"The six configurations alternate step by step inside one 2-rank MPI job, "
-              f"{result.get('repeats', '?')} steps each (medians):", "",
+              f"{result.get('repeats', '?')} steps each (medians), once per run (balanced cut: "
+              f"{', '.join(cuts)}). " + SPREAD_NOTE, "",
               "| cut | micro-batches | rank 0 compute, ms | rank 1 compute, ms | ms a step | against 1 micro-batch |",
               "|---|---|---|---|---|---|"]
-    single = {run["split"]: run["step_ms"] for run in result["runs"] if run["micro_batches"] == 1}
-    for run in result["runs"]:
-        lines.append(f"| {run['split']} ({run['asked']}) | {run['micro_batches']} | {run['compute_ms']['0']:.1f} | "
-                     f"{run['compute_ms']['1']:.1f} | {run['step_ms']:.1f} | "
-                     f"{run['step_ms'] / single[run['split']]:.2f}× |")
+    for index, run in enumerate(result["runs"]):
+        same = [r["runs"][index] for r in runs]
+        singles = [{x["split"]: x["step_ms"] for x in r["runs"] if x["micro_batches"] == 1} for r in runs]
+        lines.append(f"| {run['split']} ({run['asked']}) | {run['micro_batches']} | "
+                     f"{spread([x['compute_ms']['0'] for x in same], '{:.1f}')} | "
+                     f"{spread([x['compute_ms']['1'] for x in same], '{:.1f}')} | "
+                     f"{spread([x['step_ms'] for x in same], '{:.1f}')} | "
+                     f"{spread([x['step_ms'] / single[x['split']] for x, single in zip(same, singles)], '{:.2f}', '×')} |")
     return "\n".join(lines)
 
 

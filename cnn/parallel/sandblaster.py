@@ -93,7 +93,8 @@ def train(run: Run) -> dict:
     portions, options = run.options.portions or 2 * run.workers, run.options
     method = (f"L-BFGS (memory {options.history}; --lr {run.config.lr:g} is only the first trial step)"
               if options.optimizer == "lbfgs" else "SGD with momentum")
-    run.announce(f"{method}; {portions} portions per batch, at most {options.max_copies} copies of one in flight")
+    run.announce(f"{method}; {portions} portions per batch, at most {options.max_copies} copies of one in flight",
+                 rate=options.optimizer != "lbfgs")          # L-BFGS's line search sets the step, no warmup
     stage = run.make_stage()
     params = run.initial_params(stage)
     resumed = resume.load(run)

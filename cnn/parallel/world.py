@@ -57,10 +57,11 @@ ROLL_CALL_PATIENCE = 0.5   # × timeout: how long a roll call waits for a rank t
 SUSPECT_GRACE = 0.1        # × timeout: ... and for a rank that some survivor already found silent
 
 
-def wait_until(condition, seconds: float, yield_core: bool = True, spin: float = SPIN_SECONDS) -> bool:
+def wait_until(condition, seconds: float, yield_core: bool = True, spin: float | None = None) -> bool:
     """Call ``condition()`` until it is true (True) or ``seconds`` have passed (False): spinning for
-    ``spin`` seconds (giving the core to any other ready process between calls, with ``yield_core``),
-    then napping between calls, 20 µs doubling to 1 ms."""
+    ``spin`` seconds (default ``SPIN_SECONDS``; giving the core to any other ready process between
+    calls, with ``yield_core``), then napping between calls, 20 µs doubling to 1 ms."""
+    spin = SPIN_SECONDS if spin is None else spin
     if condition():
         return True
     now = started = time.monotonic()
