@@ -14,74 +14,126 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu.layout import (SAFE_FASTMATH, SIMD_ROUND, axpy, axpy4, chunk_range, dot, dot4, geometry, load_channel,
-                                run_length, samples_per_block, scratch, store_channel, taps)
+from kernels.cpu.layout import (SAFE_FASTMATH, SIMD_ROUND, axpy, axpy4, chunk_range, dot_4x4, fma_4x4, geometry,
+                                load_channel, run_length, samples_per_block, scratch, store_channel)
 from kernels.cpu.pool import pool_plane, unpool_plane
 
 
-@njit(cache=True, fastmath=SAFE_FASTMATH)
-def _correlate_channel(x_c, w_fc, run, Wp, count, z):
-    """Add one input channel's contribution to one filter's stride-1 outputs, for a block of samples:
+@njit(cache=True)
+def tap_table(C, K, Wp):
+    """The taps (c, p, q) of a convolution, numbered c·K² + p·K + q, as rows (c, p·Wp + q): the channel and
+    the shift, in positions, of the tap's input window. Padded with tap 0 to a multiple of four (the
+    padding taps get weight 0)."""
+    taps = C * K * K
+    table = np.zeros((-(-taps // 4) * 4, 2), np.int64)
+    for t in range(taps):
+        c, p, q = t // (K * K), t % (K * K) // K, t % K
+        table[t, 0], table[t, 1] = c, p * Wp + q
+    return table
 
-    z[(i·Wp + j)·count + b] += Σ_{p,q} w_fc[p, q] · x_c[((i + p)·Wp + j + q)·count + b]
 
-    Output and input share the layout, so the shift by (p, q) is the same offset
-    (p·Wp + q)·count for every output: ``z += w · (shifted x)`` is ONE contiguous loop over
-    the whole block — a SIMD loop — and four neighbouring taps q … q+3 of a row go in one
-    pass (``axpy4``). The outputs at columns j ≥ Wp − K + 1 straddle a row edge: computed
-    too, never read.
+@njit(cache=True)
+def weight_tiles(W):
+    """W as 4 × 4 tiles for ``fma_4x4``: tiles[g, h, i, j] = W[4g + i, tap 4h + j] (0 past the last filter
+    or tap), taps numbered as in ``tap_table``."""
+    F, C, K = W.shape[0], W.shape[1], W.shape[2]
+    taps = C * K * K
+    tiles = np.zeros((-(-F // 4), -(-taps // 4), 4, 4), W.dtype)
+    flat = W.reshape((F, taps))
+    for f in range(F):
+        for t in range(taps):
+            tiles[f // 4, t // 4, f % 4, t % 4] = flat[f, t]
+    return tiles
+
+
+@njit(cache=True)
+def _window(block, table, t, count, run):
+    """The input window of tap t: block[c] shifted by (p·Wp + q)·count."""
+    shift = table[t, 1] * count
+    return block[table[t, 0], shift:shift + run]
+
+
+@njit(cache=True)
+def _correlate_filters(block, tiles, table, run, count, z):
+    """The stride-1 outputs of a group of four filters (tiles = its weight tiles; a filter past the
+    last has weights 0 and its output is never read), for a block of samples:
+
+    z[i, (y·Wp + x)·count + b] = Σ_{c,p,q} W[f0 + i, c, p, q] · block[c, ((y + p)·Wp + x + q)·count + b]
+
+    Output and input share the layout, so the shift by (p, q) is the same offset (p·Wp + q)·count
+    for every output: each term is ONE contiguous loop over the whole block — a SIMD loop —
+    and ``fma_4x4`` takes four filters × four taps (c, p, q) in one pass. The outputs at
+    columns x ≥ Wp − K + 1 straddle a row edge: computed too, never read.
     """
-    K = w_fc.shape[0]
-    for p in range(K):
-        q = 0
-        while q + 4 <= K:
-            x0, x1, x2, x3 = taps(x_c, (p * Wp + q) * count, count, run)
-            axpy4(z[:run], w_fc[p, q], x0, w_fc[p, q + 1], x1, w_fc[p, q + 2], x2, w_fc[p, q + 3], x3)
-            q += 4
-        for q in range(q, K):
-            shift = (p * Wp + q) * count
-            axpy(z[:run], w_fc[p, q], x_c[shift:shift + run])
+    for h in range(tiles.shape[0]):
+        t = 4 * h
+        fma_4x4(z[0, :run], z[1, :run], z[2, :run], z[3, :run],
+                _window(block, table, t, count, run), _window(block, table, t + 1, count, run),
+                _window(block, table, t + 2, count, run), _window(block, table, t + 3, count, run), tiles[h])
 
 
-@njit(cache=True, fastmath=SAFE_FASTMATH)
-def _correlate_channel_backward(dz, margin, x_c, w_fc, run, Wp, count, dw_fc, dx_c, need_dx):
-    """The two adjoints of ``_correlate_channel``, from dz = dL/dz (zero where z is not an output;
-    the plane starts at dz[margin], after ``margin`` ≥ (K−1)·count zeros):
+@njit(cache=True)
+def _filter_gradients(dz, margin, x_c, c, table, run, count, sums, dW):
+    """dW[f, c, p, q] += Σ_k dz[f, k] · x_c[k + (p·Wp + q)·count] for every filter f and tap (p, q) of
+    channel c: ``dot_4x4`` takes four filters × four taps in one pass (the planes start at dz[f, margin];
+    dz has a zero row for each filter number past the last, up to a multiple of four). ``table`` holds
+    the taps of ONE channel (``tap_table(1, K, Wp)``); ``sums`` is (4, 4) scratch."""
+    F, K = dW.shape[0], dW.shape[2]
+    taps = K * K
+    single = x_c.reshape((1, x_c.size))
+    for f0 in range(0, F, 4):
+        for t0 in range(0, taps, 4):
+            sums[:] = 0
+            dot_4x4(dz[f0, margin:margin + run], dz[f0 + 1, margin:margin + run],
+                    dz[f0 + 2, margin:margin + run], dz[f0 + 3, margin:margin + run],
+                    _window(single, table, t0, count, run), _window(single, table, t0 + 1, count, run),
+                    _window(single, table, t0 + 2, count, run), _window(single, table, t0 + 3, count, run), sums)
+            for i in range(min(4, F - f0)):
+                for j in range(min(4, taps - t0)):
+                    dW[f0 + i, c, (t0 + j) // K, (t0 + j) % K] += sums[i, j]
 
-    dw_fc[p, q] += Σ_k dz[k] · x_c[k + (p·Wp + q)·count]                 (``dot4``: four taps a pass)
-    dx_c[p·Wp·count + k] += Σ_q w_fc[p, q] · dz[k − q·count]             (``axpy4``: four taps a pass)
 
-    The second is the scatter dx_c[k + shift] += w·dz[k] written as a gather, so that four
-    taps add into the same dx element at once; the zeros before the plane stand for the
-    dz[k − q·count] with k < q·count.
+@njit(cache=True)
+def input_tiles(W):
+    """W as 4 × 4 tiles for the input gradient: tiles[g, p, h, i, j] = W[f, 4g + i, p, q] for the term
+    u = 4h + j = f·K + q (0 past the last channel or term)."""
+    F, C, K = W.shape[0], W.shape[1], W.shape[2]
+    terms = F * K
+    tiles = np.zeros((-(-C // 4), K, -(-terms // 4), 4, 4), W.dtype)
+    for c in range(C):
+        for p in range(K):
+            for u in range(terms):
+                tiles[c // 4, p, u // 4, c % 4, u % 4] = W[u // K, c, p, u % K]
+    return tiles
+
+
+@njit(cache=True)
+def _dz_window(dz, margin, K, u, terms, count, length):
+    """The dz window of term u = f·K + q: plane f read q·count earlier (a term past the last: term 0, weight 0)."""
+    u = u if u < terms else 0
+    start = margin - (u % K) * count
+    return dz[u // K, start:start + length]
+
+
+@njit(cache=True)
+def _input_gradients(dz, margin, F, tiles, K, run, Wp, count, dx4):
+    """dL/dx for a group of four input channels i (tiles = the group's weight tiles):
+
+    dx4[i, p·Wp·count + k] += Σ_{f,q} W[f, c_i, p, q] · dz[f, margin + k − q·count]      for each row p
+
+    The scatter dx[k + (p·Wp + q)·count] += W·dz[f, k] written as a gather, so that the terms add
+    into the same dx element: ``fma_4x4`` takes four channels × four terms (f, q) in one pass. The
+    ``margin`` ≥ (K−1)·count zeros before each plane stand for the dz[k − q·count] with k < q·count.
     """
-    K = w_fc.shape[0]
-    plane = dz[margin:]
+    length, terms = run + (K - 1) * count, F * K
     for p in range(K):
-        q = 0
-        while q + 4 <= K:
-            x0, x1, x2, x3 = taps(x_c, (p * Wp + q) * count, count, run)
-            t0, t1, t2, t3 = dot4(plane[:run], x0, x1, x2, x3)
-            dw_fc[p, q] += t0
-            dw_fc[p, q + 1] += t1
-            dw_fc[p, q + 2] += t2
-            dw_fc[p, q + 3] += t3
-            q += 4
-        for q in range(q, K):
-            shift = (p * Wp + q) * count
-            dw_fc[p, q] += dot(plane[:run], x_c[shift:shift + run])
-    if not need_dx:
-        return
-    length = run + (K - 1) * count
-    for p in range(K):
-        row = dx_c[p * Wp * count:p * Wp * count + length]
-        q = 0
-        while q + 4 <= K:
-            d0, d1, d2, d3 = taps(dz, margin - (q + 3) * count, count, length)     # d3 is the tap q, d0 is q+3
-            axpy4(row, w_fc[p, q], d3, w_fc[p, q + 1], d2, w_fc[p, q + 2], d1, w_fc[p, q + 3], d0)
-            q += 4
-        for q in range(q, K):
-            axpy(row, w_fc[p, q], dz[margin - q * count:margin - q * count + length])
+        at = p * Wp * count
+        for h in range(tiles.shape[1]):
+            fma_4x4(dx4[0, at:at + length], dx4[1, at:at + length], dx4[2, at:at + length], dx4[3, at:at + length],
+                    _dz_window(dz, margin, K, 4 * h, terms, count, length),
+                    _dz_window(dz, margin, K, 4 * h + 1, terms, count, length),
+                    _dz_window(dz, margin, K, 4 * h + 2, terms, count, length),
+                    _dz_window(dz, margin, K, 4 * h + 3, terms, count, length), tiles[p, h])
 
 
 @njit(cache=True)
@@ -96,15 +148,16 @@ def _bias_relu_plane(z, row_step, col_step, bias, relu, out):
 
 @njit(cache=True)
 def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi):
-    """Work items lo ≤ item < hi, item = (block of samples, filter), with this thread's own scratch."""
+    """Work items lo ≤ item < hi, item = (block of samples, group of four filters), with this thread's own scratch."""
     N, C = x.shape[0], x.shape[1]
-    F = W.shape[0]
+    F, groups = W.shape[0], -(-W.shape[0] // 4)
     Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
     per_block = samples_per_block(N, Hp, Wp)
-    block, z = scratch(C, per_block, Hp, Wp, x.dtype), scratch(1, per_block, Hp, Wp, x.dtype)[0]
+    block, z = scratch(C, per_block, Hp, Wp, x.dtype), scratch(4, per_block, Hp, Wp, x.dtype)
+    tiles, table = weight_tiles(W), tap_table(C, W.shape[2], Wp)
     loaded = -1
     for item in range(lo, hi):
-        block_index, f = item // F, item % F
+        block_index, f0 = item // groups, 4 * (item % groups)
         n0 = block_index * per_block
         count = min(per_block, N - n0)
         if block_index != loaded:
@@ -112,25 +165,25 @@ def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride
                 load_channel(x, n0, count, c, pad, Hp, Wp, block[c])
             loaded = block_index
         run = run_length(count, Hp, Wp, W.shape[2])
-        z[:run] = 0
-        for c in range(C):
-            _correlate_channel(block[c], W[f, c], run, Wp, count, z)
+        z[:, :run] = 0
+        _correlate_filters(block, tiles[f0 // 4], table, run, count, z)
         row_step, col_step = stride * Wp * count, stride * count     # output (i, j) at stride s
-        for s in range(count):
-            if pool_size > 0:
-                pool_plane(z[s:], row_step, col_step, Wo, b[f], relu, pool_size, pool_stride,
-                            out[n0 + s, f], switch[n0 + s, f])
-            else:
-                _bias_relu_plane(z[s:], row_step, col_step, b[f], relu, out[n0 + s, f])
+        for f in range(f0, min(F, f0 + 4)):
+            for s in range(count):
+                if pool_size > 0:
+                    pool_plane(z[f - f0, s:], row_step, col_step, Wo, b[f], relu, pool_size, pool_stride,
+                               out[n0 + s, f], switch[n0 + s, f])
+                else:
+                    _bias_relu_plane(z[f - f0, s:], row_step, col_step, b[f], relu, out[n0 + s, f])
 
 
 @njit(cache=True)
 def conv_items(x, W, stride, pad, backward=False):
-    """Work items of a convolution over the samples of x: (block of samples, filter) forward,
-    (block of samples, input channel) backward."""
+    """Work items of a convolution over the samples of x: (block of samples, group of four filters) forward,
+    (block of samples, group of four input channels) backward."""
     Hp, Wp, _, _ = geometry(x, W, stride, pad)
     blocks = -(-x.shape[0] // samples_per_block(x.shape[0], Hp, Wp))
-    return blocks * (x.shape[1] if backward else W.shape[0])
+    return blocks * -(-(x.shape[1] if backward else W.shape[0]) // 4)
 
 
 @njit(parallel=True, cache=True)
@@ -150,22 +203,25 @@ def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, 
 
 @njit(cache=True)
 def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
-    """Work items lo ≤ item < hi, item = (block of samples, input channel c): add the item's
-    share of dW[:, c] (and, from the item of channel 0, of db) into this thread's own copies
-    ``dW``, ``db``; write dx[block, c], which no other item touches.
+    """Work items lo ≤ item < hi, item = (block of samples, group of four input channels): add the
+    item's share of dW[:, c] (and, from the item of the first group, of db) into this thread's own
+    copies ``dW``, ``db``; write dx[block, c] for the group's channels, which no other item touches.
 
     dz, the gradient at the convolution's output for every filter, is rebuilt from the
     switches whenever the thread moves to a new block of samples.
     """
-    N, C, F = x.shape[0], x.shape[1], W.shape[0]
+    N, C, F, K = x.shape[0], x.shape[1], W.shape[0], W.shape[2]
+    groups = -(-C // 4)
     Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
     per_block = samples_per_block(N, Hp, Wp)
-    x_c, dx_c = scratch(1, per_block, Hp, Wp, x.dtype)[0], scratch(1, per_block, Hp, Wp, x.dtype)[0]
-    margin = (W.shape[2] - 1) * per_block         # zeros before each dz plane (see _correlate_channel_backward)
-    dz, bias_grad = np.zeros((F, margin + per_block * Hp * Wp + SIMD_ROUND), x.dtype), np.zeros(F, x.dtype)
+    x4, dx4 = scratch(4, per_block, Hp, Wp, x.dtype), scratch(4, per_block, Hp, Wp, x.dtype)
+    margin = (K - 1) * per_block                    # zeros before each dz plane (see _input_gradients)
+    rows = -(-F // 4) * 4                           # zero planes up to a multiple of four filters (dot_4x4)
+    dz, bias_grad = np.zeros((rows, margin + per_block * Hp * Wp + SIMD_ROUND), x.dtype), np.zeros(F, x.dtype)
+    table, sums, tiles = tap_table(1, K, Wp), np.zeros((4, 4), x.dtype), input_tiles(W)
     loaded = -1
     for item in range(lo, hi):
-        block_index, c = item // C, item % C
+        block_index, c0 = item // groups, 4 * (item % groups)
         n0 = block_index * per_block
         count = min(per_block, N - n0)
         if block_index != loaded:
@@ -176,16 +232,17 @@ def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, poole
                     bias_grad[f] += unpool_plane(dout[n0 + s, f], out[n0 + s, f], switch[n0 + s, f], relu, pooled,
                                                   Wo, stride * Wp * count, stride * count, dz[f, margin + s:])
             loaded = block_index
-        if c == 0:
+        if c0 == 0:
             db += bias_grad
-        load_channel(x, n0, count, c, pad, Hp, Wp, x_c)
+        run = run_length(count, Hp, Wp, K)
+        for c in range(c0, min(C, c0 + 4)):
+            load_channel(x, n0, count, c, pad, Hp, Wp, x4[c - c0])
+            _filter_gradients(dz, margin, x4[c - c0], c, table, run, count, sums, dW)
         if need_dx:
-            dx_c[:] = 0
-        run = run_length(count, Hp, Wp, W.shape[2])
-        for f in range(F):
-            _correlate_channel_backward(dz[f], margin, x_c, W[f, c], run, Wp, count, dW[f, c], dx_c, need_dx)
-        if need_dx:
-            store_channel(dx_c, n0, count, c, pad, Hp, Wp, dx)
+            dx4[:] = 0
+            _input_gradients(dz, margin, F, tiles[c0 // 4], K, run, Wp, count, dx4)
+            for c in range(c0, min(C, c0 + 4)):
+                store_channel(dx4[c - c0], n0, count, c, pad, Hp, Wp, dx)
 
 
 @njit(cache=True)

@@ -12,19 +12,23 @@ from numba import njit
 
 @njit(cache=True)
 def _pool_plane_2x2(z, row_step, col_step, plane_width, bias, relu, out, switch):
-    """``pool_plane`` for the common 2×2 windows every 2 pixels: the four values read at once, the
-    first maximum kept by three selects (window order (0,0), (0,1), (1,0), (1,1))."""
+    """``pool_plane`` for the common 2×2 windows every 2 pixels: the four values read at once, the first
+    maximum kept by three selects (window order (0,0), (0,1), (1,0), (1,1)), no branch to mispredict."""
     Hq, Wq = out.shape
     for i in range(Hq):
         for j in range(Wq):
             at = 2 * i * row_step + 2 * j * col_step
             best, corner = z[at], 0
-            for k, value in enumerate((z[at + col_step], z[at + row_step], z[at + row_step + col_step])):
-                greater = value > best
-                best = value if greater else best
-                corner = k + 1 if greater else corner
-            best += bias
-            out[i, j] = best if best > 0 or not relu else 0
+            value = z[at + col_step]
+            corner = 1 if value > best else corner
+            best = value if value > best else best
+            value = z[at + row_step]
+            corner = 2 if value > best else corner
+            best = value if value > best else best
+            value = z[at + row_step + col_step]
+            corner = 3 if value > best else corner
+            best = (value if value > best else best) + bias
+            out[i, j] = max(best, 0) if relu else best
             switch[i, j] = (2 * i + corner // 2) * plane_width + 2 * j + corner % 2
 
 
@@ -69,13 +73,14 @@ def unpool_plane(dout, out, switch, relu, pooled, plane_width, row_step, col_ste
     Hq, Wq = dout.shape
     for i in range(Hq):
         for j in range(Wq):
-            if relu and not out[i, j] > 0:
-                continue
+            grad = dout[i, j]
+            if relu:
+                grad = grad if out[i, j] > 0 else 0      # a select, not a branch: random data would mispredict
             h, w = i, j
             if pooled:
                 h, w = switch[i, j] // plane_width, switch[i, j] % plane_width
-            dz[h * row_step + w * col_step] += dout[i, j]
-            total += dout[i, j]
+            dz[h * row_step + w * col_step] += grad
+            total += grad
     return total
 
 
