@@ -2,7 +2,9 @@
 
 Rows (``ablation_variants``): ``cuda-ring`` (no fix); each fix alone, on top of the fixes it
 needs, against a baseline of just those; then the fixes added one by one in course order, each
-against the row before. A row's ``speedup_vs_baseline`` is therefore what that one fix bought.
+against the row before. A row's ``speedup_vs_baseline`` is therefore what that one fix bought —
+against a baseline that differs from row to row, which each row records (``baseline_fixes``).
+``--fixes FIX`` times only the two rows that add FIX (``benchmarks/gpu_session.sh predict``: tiled-conv).
 Every variant trains on the same random dataset through the epoch API the trainer uses
 (``load_dataset`` / ``begin_epoch`` / ``run_steps``), so resident data, overlapped copies, the
 loop on the device and the CUDA graphs count too.
@@ -20,12 +22,16 @@ from cnn.bench.back_to_back import EpochLoop, timed_runs
 from cnn.bench.results import results_header, workload, write_results
 from cnn.model import get_network
 from cnn.stages import get_stage
-from cnn.stages.s7_cuda_tuned import FIXES, CudaTunedStage, with_requirements
+from cnn.stages.s7_cuda_tuned import FIXES, CudaTunedStage, check_fixes, with_requirements
 from kernels.device import simulated
 
 
-def ablation_variants() -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
-    """(label, baseline fixes, fixes) rows: cuda-ring; each fix alone (on top of what it needs); cumulative."""
+def ablation_variants(only: str | None = None) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """(label, baseline fixes, fixes) rows: cuda-ring; each fix alone (on top of what it needs); cumulative.
+    With ``only``: just the two rows that add that fix (alone, and on top of the fixes before it)."""
+    if only is not None:
+        return [row for row in ablation_variants() if row[2] and row[2] != row[1]
+                and set(row[2]) - set(row[1]) == {only}]
     rows = [("cuda-ring", (), ())]
     for fix in FIXES:
         needs = tuple(f for f in with_requirements(fix) if f != fix)
@@ -53,8 +59,9 @@ def time_variant(net, fixes, images, labels, batch_size, hyper, steps: int, repe
             "repeats": repeats, "launches_per_step": stage.launches_per_step()}
 
 
-def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, progress=print) -> dict:
-    """Every variant of ``ablation_variants`` timed on the same random dataset (refuses in the simulator)."""
+def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, progress=print,
+             only: str | None = None) -> dict:
+    """Every variant of ``ablation_variants(only)`` timed on the same random dataset (refuses in the simulator)."""
     if simulated():
         raise RuntimeError("ablation: the CUDA simulator is on — simulated kernels are Python threads and their "
                            "timings mean nothing; run on a GPU with NUMBA_ENABLE_CUDASIM unset")
@@ -63,7 +70,9 @@ def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, 
     images = rng.standard_normal((samples, *net.input_shape)).astype(np.float32)
     labels = rng.integers(0, net.num_classes, samples)
     timed, rows = {}, []
-    for label, baseline, fixes in ablation_variants():
+    if only is not None:
+        check_fixes(only)                      # one line for an unknown fix
+    for label, baseline, fixes in ablation_variants(only):
         for variant in (baseline, fixes):
             if variant not in timed:
                 timed[variant] = time_variant(net, variant, images, labels, batch_size, hyper, steps)
@@ -75,9 +84,10 @@ def ablation(model: str, batch_size: int, steps: int = 50, samples: int = 8192, 
 
 
 def cmd_ablation(args) -> int:
-    """``--ablation --model M --batch-size B [--ablation-steps N]``: time the variants, write the results file."""
+    """``--ablation --model M --batch-size B [--ablation-steps N] [--fixes FIX]``: time the variants (with
+    ``--fixes``: only the two rows that add that one fix), write the results file."""
     get_stage("cuda-tuned")                    # StageUnavailable: one line, why and what to try
-    result = ablation(args.model, args.batch_size, args.ablation_steps)
+    result = ablation(args.model, args.batch_size, args.ablation_steps, only=args.fixes)
     path = write_results(args.out, f"ablation-{workload(args.model, args.batch_size)}",
                          {**results_header("ablation"), **result})
     print(f"results: {path}")

@@ -7,8 +7,13 @@ are exact in Numba's CUDA simulator too (``--reduced``: the same counts on the n
 copies, in seconds). The table this prints is the one in stage 7's docstring
 (``cnn/stages/s7_cuda_tuned.py``), which a test keeps equal to what this code counts.
 
-The modelled cost is a model, not a measurement: 6.6 µs a launch plus 3.5 µs an array argument,
-numba-cuda's own numbers (NVIDIA/numba-cuda#288).
+The two host-cost rows are the counts priced at two rates, neither of them measured by this command:
+
+- numba-cuda's own figures (NVIDIA/numba-cuda#288, on its developers' machine): 6.6 µs a launch plus
+  3.5 µs an array argument — the rate the course first planned with;
+- the rate MEASURED on the course's H100 (``benchmarks/results/probes-…json``): 27.7 µs for a launch
+  with one array argument and 87.5 µs with eight, i.e. 19.2 µs + 8.5 µs an array argument — about
+  three times more, and what ``cnn/bench/predict_step.py`` uses.
 """
 
 from __future__ import annotations
@@ -16,18 +21,20 @@ from __future__ import annotations
 import numpy as np
 
 from cnn.bench.back_to_back import EpochLoop
+from cnn.bench.predict_step import LAUNCH_NO_ARRAY_US, LAUNCH_PER_ARRAY_US    # measured on the H100
 from cnn.model import get_network
 from cnn.stages import get_stage
 from cnn.stages.s6_cuda_ring import CudaRingStage
 from cnn.stages.s7_cuda_tuned import CudaTunedStage
 from kernels.streams import AllocationCounter, CopyCounter
 
-LAUNCH_US, ARRAY_ARG_US = 6.6, 3.5        # numba-cuda's launch cost model (NVIDIA/numba-cuda#288)
+LAUNCH_US, ARRAY_ARG_US = 6.6, 3.5        # numba-cuda's own figures (NVIDIA/numba-cuda#288), not measured here
 ROWS = [("launches", "kernel launches"), ("array_args", "array arguments of those launches"),
         ("copies_to_device", "host→device copies"), ("bytes_to_device", "  bytes per sample"),
         ("copies_to_host", "device→host copies (besides the ring)"),
         ("device_allocations", "device allocations after warm-up"),
-        ("modelled_launch_us", "modelled host launch cost (µs)")]
+        ("modelled_launch_us", "host launch µs, numba-cuda#288's rate"),
+        ("h100_launch_us", "host launch µs, H100-measured rate")]
 
 
 def step_census(stage, run_steps, steps: int = 2) -> dict:
@@ -50,6 +57,7 @@ def step_census(stage, run_steps, steps: int = 2) -> dict:
                 "copies_to_host": (copies.to_host - ring_copies) / steps,
                 "device_allocations": allocations.count / steps}
     per_step["modelled_launch_us"] = LAUNCH_US * per_step["launches"] + ARRAY_ARG_US * per_step["array_args"]
+    per_step["h100_launch_us"] = LAUNCH_NO_ARRAY_US * per_step["launches"] + LAUNCH_PER_ARRAY_US * per_step["array_args"]
     return per_step
 
 
@@ -81,7 +89,7 @@ def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps:
     lines = [f"{'per training step':<40}" + "".join(f"{f'{model} {stage}':>26}" for model, stage in columns)]
     for key, label in ROWS:
         values = [rows[column][key] / (batch_size if key == "bytes_to_device" else 1) for column in columns]
-        lines.append(f"{label:<40}" + "".join(f"{v:>26.1f}" if key == "modelled_launch_us" else f"{v:>26g}"
+        lines.append(f"{label:<40}" + "".join(f"{v:>26.1f}" if key.endswith("launch_us") else f"{v:>26g}"
                                              for v in values))
     return "\n".join(lines)
 

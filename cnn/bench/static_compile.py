@@ -92,7 +92,7 @@ def main(argv) -> int:
     for number, job in enumerate(jobs):
         try:
             signature = tuple(numba_type(arg) for arg in job["args"])
-            ptx, _ = cuda.compile_ptx(kernel_function(job["kernel"]), signature, cc=(9, 0))
+            ptx, _ = cuda.compile_ptx(kernel_function(job["kernel"]), signature, cc=(9, 0), lineinfo=True)
             with open(os.path.join(out_dir, f"{number}.ptx"), "w") as file:
                 file.write(ptx)
         except Exception as err:          # one kernel that cannot compile must not hide the others

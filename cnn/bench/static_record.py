@@ -12,10 +12,11 @@ How: ``FakeCUDAKernel.__call__`` — the simulator's launch — is replaced by o
 the kernel, grid, block and arguments and runs the kernel only when it is one block (the
 bookkeeping kernels a step counter lives in); the others are skipped, so a
 full-size AlexNet-small step takes a second instead of an hour in the simulator. Results are
-garbage — only what was launched, and with what, is kept. The same step is recorded twice: phase
+garbage — only what was launched, and with what, is kept. Host↔device copies are recorded in the same list
+(``{"copy": "to_device" | "to_host", "bytes", "phase"}``). The same step is recorded twice: phase
 by phase (``load_batch``, ``forward``, ``backward``, ``update``, ``fetch_loss``: what
 ``python -m cnn bench`` times) and as the trainer runs it (``run_steps``: back to back), each after
-two warm-up steps.
+two warm-up steps (``train_steps`` where an older tree has no ``run_steps``).
 
 A kernel is written down as how to build it again in the compiling process (``static_compile.py``):
 a module attribute (``{"module", "name"}``), or the result of a cached kernel factory of
@@ -127,15 +128,37 @@ class Recorder:
             grid, block = tuple(kernel.grid_dim), tuple(kernel.block_dim)
             recorder.launches.append((kernel, grid, block, kernel.dynshared_size, args, recorder.phase))
             if grid == (1, 1, 1):                  # one block: a step counter, a flag, a loss sum
-                return recorder.original(kernel, *args)
+                try:
+                    return recorder.original(kernel, *args)
+                except Exception:                  # it read what a skipped kernel should have written
+                    return None
             return None
 
         FakeCUDAKernel.__call__ = launch
+        self.hook_copies()
+
+    def hook_copies(self):
+        """Host↔device copies go into the same list: ("copy", direction, bytes, phase)."""
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        recorder = self
+        for method, direction in (("copy_to_device", "to_device"), ("copy_to_host", "to_host")):
+            original = getattr(FakeCUDAArray, method)
+
+            def copy(array, *args, _original=original, _direction=direction, **kwargs):
+                recorder.launches.append(("copy", _direction, int(array.nbytes), recorder.phase))
+                return _original(array, *args, **kwargs)
+
+            setattr(FakeCUDAArray, method, copy)
 
     def describe_launches(self, launches):
         functions = module_functions()
         out = []
-        for kernel, grid, block, shared, args, phase in launches:
+        for entry in launches:
+            if entry[0] == "copy":
+                out.append({"copy": entry[1], "bytes": entry[2], "phase": entry[3]})
+                continue
+            kernel, grid, block, shared, args, phase = entry
             ref = functions.get(id(kernel))
             if ref is None and id(kernel) in self.made:
                 made = self.made[id(kernel)]
@@ -147,7 +170,7 @@ class Recorder:
 
 
 def record(stage_name: str, model: str, batch: int, fixes: str | None) -> dict:
-    """{"phase_by_phase": [launch…], "back_to_back": [launch…] or None} of one step after two warm-up steps."""
+    """{"phase_by_phase": [launch…], "back_to_back": [launch…] or None} of one step after two warm-up steps (``train_steps`` where an older tree has no ``run_steps``)."""
     import numpy as np
 
     sys.path.insert(0, os.getcwd())
@@ -187,8 +210,19 @@ def record(stage_name: str, model: str, batch: int, fixes: str | None) -> dict:
     stage.synchronize()
     phase_by_phase = recorder.describe_launches(recorder.launches)
 
-    back_to_back = None
-    if hasattr(stage, "run_steps") and hasattr(stage, "begin_epoch"):
+    back_to_back, steps_per_sync = None, 1
+    if hasattr(stage, "train_steps") and not hasattr(stage, "begin_epoch"):     # older trees: train_steps(n, …)
+        stage = fresh_stage()
+        stage.load_dataset(images, labels)
+        recorder.phase = "warm-up"
+        stage.train_steps(2, batch, *hyper)
+        stage.synchronize()
+        recorder.launches.clear()
+        recorder.phase = "step"
+        stage.train_steps(1, batch, *hyper)
+        stage.synchronize()
+        back_to_back = recorder.describe_launches(recorder.launches)
+    elif hasattr(stage, "run_steps") and hasattr(stage, "begin_epoch"):
         stage = fresh_stage()
         stage.load_dataset(images, labels)
         stage.begin_epoch(np.arange(3 * batch), np.full(3, hyper[0]), batch, hyper[1], hyper[2])
@@ -200,8 +234,9 @@ def record(stage_name: str, model: str, batch: int, fixes: str | None) -> dict:
         stage.run_steps(2, 1)
         stage.synchronize()
         back_to_back = recorder.describe_launches(recorder.launches)
+        steps_per_sync = getattr(stage, "steps_per_sync", 1)
     return {"stage": stage_name, "model": model, "batch_size": batch, "fixes": fixes,
-            "phase_by_phase": phase_by_phase, "back_to_back": back_to_back}
+            "phase_by_phase": phase_by_phase, "back_to_back": back_to_back, "steps_per_sync": steps_per_sync}
 
 
 def main(argv) -> int:

@@ -142,22 +142,25 @@ def static_report(stage: str, model: str, batch: int, fixes: str | None = None, 
                   progress=None) -> dict:
     """Everything the report says about one stage's step: {"stage", "model", "batch_size", "fixes",
     "kernels": [one entry a distinct compiled kernel], "phase_by_phase" / "back_to_back": [launch…]};
-    each launch has "kernel" (its index in "kernels"), "grid", "block", "shared_dynamic", "args", "phase"."""
+    each launch has "kernel" (its index in "kernels"), "grid", "block", "shared_dynamic", "args", "phase";
+    the copies between them are {"copy": "to_device" | "to_host", "bytes", "phase"}."""
     recorded = record_step(stage, model, batch, fixes, tree)
-    launches = recorded["back_to_back"] or recorded["phase_by_phase"]
-    every = recorded["phase_by_phase"] + (recorded["back_to_back"] or [])
+    launches = [launch for launch in recorded["back_to_back"] or recorded["phase_by_phase"] if "copy" not in launch]
+    every = [launch for launch in recorded["phase_by_phase"] + (recorded["back_to_back"] or []) if "copy" not in launch]
     keys = list(dict.fromkeys(job_key(launch) for launch in every))
     first = {job_key(launch): launch for launch in reversed(every)}
     analyses = analyse([first[key] for key in keys], tree, progress)
     kernels = []
     for key, analysis in zip(keys, analyses):
         mine = [launch for launch in launches if job_key(launch) == key]
-        kernels.append({"function": first[key]["function"], "launches_per_step": len(mine), **analysis,
+        kernels.append({"function": first[key]["function"], "ref": first[key]["kernel"],
+                        "launches_per_step": len(mine), **analysis,
                         "occupancy": occupancies(analysis, mine or [first[key]])})
     for launch in every:
         launch["kernel"] = keys.index(job_key(launch))
     return {"stage": stage, "model": model, "batch_size": batch, "fixes": recorded["fixes"], "kernels": kernels,
-            "phase_by_phase": recorded["phase_by_phase"], "back_to_back": recorded["back_to_back"]}
+            "phase_by_phase": recorded["phase_by_phase"], "back_to_back": recorded["back_to_back"],
+            "steps_per_sync": recorded["steps_per_sync"]}
 
 
 def occupancies(analysis: dict, launches: list[dict]) -> list[dict]:
@@ -219,9 +222,10 @@ def report_table(report: dict) -> str:
     return markdown(COLUMNS, [kernel_row(kernel) for kernel in report["kernels"]])
 
 
-def results_path(out_dir, stage: str, model: str, batch: int, fixes: str | None = None) -> Path:
+def results_path(out_dir, stage: str, model: str, batch: int, fixes: str | None = None, at: str | None = None) -> Path:
     variant = "" if fixes in (None, "all") else "-" + (fixes.replace(",", "+") or "none")
-    return Path(out_dir) / f"static-sm90-{stage}{variant}-{model}-b{batch}.json"
+    commit = f"-at-{at}" if at else ""
+    return Path(out_dir) / f"static-sm90-{stage}{variant}-{model}-b{batch}{commit}.json"
 
 
 def cuda_stages() -> list[str]:
@@ -239,7 +243,8 @@ def cuda_stages() -> list[str]:
 
 
 def cmd_static(args) -> int:
-    """``--static STAGE|all [--model M --batch-size B] [--fixes F,G]``: print the table, write the results file."""
+    """``--static STAGE|all [--model M --batch-size B] [--fixes F,G] [--at COMMIT]``: print the table, write
+    the results file (``--at``: the kernels of an older commit, e.g. those a measurement was made with)."""
     from cnn.bench.results import results_header, write_json
 
     stages = cuda_stages() if args.static == "all" else [args.static]
@@ -247,11 +252,38 @@ def cmd_static(args) -> int:
     if unknown:
         raise ValueError(f"--static: {unknown[0]!r} is not a CUDA stage; choose from {', '.join(cuda_stages())} or all")
     workloads = NETWORK_BATCHES if args.static == "all" else ((args.model, args.batch_size),)
+    tree = tree_at(args.at) if args.at else ROOT
     for stage in stages:
         for model, batch in workloads:
-            report = static_report(stage, model, batch, args.fixes, progress=print)
-            path = write_json(results_path(args.out, stage, model, batch, args.fixes),
-                              {**results_header("static-sm90"), **report})
+            report = static_report(stage, model, batch, args.fixes, tree, progress=print)
+            header = {**results_header("static-sm90"), **({"commit": args.at} if args.at else {})}
+            path = write_json(results_path(args.out, stage, model, batch, args.fixes, args.at), {**header, **report})
             print(f"\n{stage}, {model} b{batch} — sm_90, compiled without a GPU ({path}):\n")
             print(report_table(report))
     return 0
+
+
+# -- docs/profiling.md ---------------------------------------------------------------------------
+def docs_block(out_dir, page: Path) -> str:
+    """Every ``static-sm90-*.json`` of ``out_dir``: a table a stage and network, stages in course order,
+    an older commit's report right after today's of the same stage."""
+    from cnn.bench.findings import NETWORK_NAMES
+    from cnn.bench.readme import relative_link
+    from cnn.stages import REGISTRY
+
+    found = []
+    for path in Path(out_dir).glob("static-sm90-*.json"):
+        report = json.loads(path.read_text())
+        order = list(REGISTRY).index(report["stage"]) if report["stage"] in REGISTRY else len(REGISTRY)
+        older = "-at-" in path.name
+        found.append(((order, [m for m, _ in NETWORK_BATCHES].index(report["model"])
+                       if report["model"] in dict(NETWORK_BATCHES) else 9, older, path.name), path, report))
+    parts = []
+    for _, path, report in sorted(found, key=lambda item: item[0]):
+        name = f"{NETWORK_NAMES.get(report['model'], report['model'])} b{report['batch_size']}"
+        fixes = "" if report.get("fixes") in (None, "all") else f" with fixes {report['fixes']}"
+        when = f"the kernels of commit {report['commit']}" if "-at-" in path.name else f"commit {report.get('commit')}"
+        total = sum(kernel["launches_per_step"] for kernel in report["kernels"])
+        parts += [f"**`{report['stage']}`{fixes}, {name}** — {when}, {total} launches a step "
+                  f"([`{path.name}`]({relative_link(path, page)})):", "", report_table(report), ""]
+    return "\n".join(parts).strip() or "No static report yet: `python -m cnn bench --static all`."

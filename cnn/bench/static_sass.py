@@ -21,7 +21,9 @@ arithmetic of every product here), or the largest innermost loop when none has a
                     a 64-bit one CALLs the ``__cuda_sm20_div/rem`` subroutine (~70 instructions),
                     after a test that picks the 32-bit sequence when both operands fit
     atomics         ATOM/RED on global memory, ATOMS on shared memory
+    STS             shared-memory stores (a tile loader stores each element it loads once)
     barriers        BAR.SYNC (``cuda.syncthreads()``)
+    branches        BRA (a loop's own jump back included)
 """
 
 from __future__ import annotations
@@ -139,20 +141,33 @@ def mix(body: list[dict]) -> dict:
         "stl": count(lambda op, _: op.startswith("STL")),
         "divisions_32": count(lambda op, _: op.startswith("I2F") and ".RP" in op),
         "divisions_64": count(lambda op, operands: op.startswith("CALL") and re.search(r"div|rem", operands)),
-        "atomics": count(lambda op, _: op.split(".")[0] in ("ATOM", "ATOMG", "RED", "ATOMS")),
+        "atomics_global": count(lambda op, _: op.split(".")[0] in ("ATOM", "ATOMG", "RED", "REDG")),
+        "atomics_shared": count(lambda op, _: op.split(".")[0] == "ATOMS"),
+        "sts": count(lambda op, _: op.startswith("STS")),
         "barriers": count(lambda op, _: op.startswith("BAR")),
+        "branches": count(lambda op, _: op.startswith("BRA")),
     }
 
 
 def loop_mix(sass: str) -> dict:
     """What the SASS says: {"kernel": mix of every instruction, "hot": the hot loop's mix (None without a
     loop), "in_loops": mix of every instruction inside some loop, "inner_loops": [mix of each innermost
-    loop, in address order], "loops": how many loops, "hot_sass": the hot loop's instructions as text}."""
+    loop, in address order], "loops": how many loops, "main_own": the mix of the outermost loop around
+    the hot one, without the loops inside it (None when the hot loop is outermost or there is none),
+    "hot_sass": the hot loop's instructions as text}."""
     instructions, labels = parse(sass)
     spans = loops(instructions, labels)
     bodies = [[i for i in instructions if a <= i["address"] <= b] for a, b in innermost(spans)]
     in_loops = [i for i in instructions if any(a <= i["address"] <= b for a, b in spans)]
     hot = max(bodies, key=lambda body: (mix(body)["ffma"], len(body))) if bodies else None
+    main = None
+    if hot:                                    # the outermost loop around the hot one: a tiled product's k loop
+        first, last = hot[0]["address"], hot[-1]["address"]
+        a, b = min(((a, b) for a, b in spans if a <= first and last <= b), key=lambda span: span[0])
+        nested = [(c, d) for c, d in spans if a < c and d <= b or a <= c and d < b]
+        if nested:
+            main = mix([i for i in instructions if a <= i["address"] <= b
+                        and not any(c <= i["address"] <= d for c, d in nested)])
     return {"kernel": mix(instructions), "hot": mix(hot) if hot else None, "in_loops": mix(in_loops),
-            "inner_loops": [mix(body) for body in bodies], "loops": len(spans),
+            "inner_loops": [mix(body) for body in bodies], "loops": len(spans), "main_own": main,
             "hot_sass": [f"{i['opcode']}{i['operands']}".strip() for i in hot] if hot else []}

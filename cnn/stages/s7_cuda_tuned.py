@@ -22,7 +22,8 @@ at any batch size and layer width; bytes are per sample:
       bytes per sample                       3140           1       12292           1
     device→host copies (besides the ring)       1         0.5           1         0.5
     device allocations after warm-up            0           0           0           0
-    modelled host launch cost (µs)          455.1       471.1       534.0       584.6
+    host launch µs, numba-cuda#288's rate   455.1       471.1       534.0       584.6
+    host launch µs, H100-measured rate     1190.1      1213.9      1394.8      1506.1
 
 (Counted in the simulator with ``--reduced``, on the narrow copies of the two networks that the
 tests use — same layers, so the same launches and arguments; the bytes are the full-size images'
@@ -30,8 +31,10 @@ tests use — same layers, so the same launches and arguments; the bytes are the
 counter up, the loss log and the flags down, once for the 4 steps; the trainer asks for
 ``SYNC_EVERY`` = 100 at a time.)
 
-The last row is a model, not a measurement: 6.6 µs a launch plus 3.5 µs an array argument,
-numba-cuda's own numbers (NVIDIA/numba-cuda#288) — and an H100 measured far more (below). Counted
+The last two rows price the counts, neither is a measurement of this stage: at numba-cuda's own figures
+(6.6 µs a launch plus 3.5 µs an array argument, NVIDIA/numba-cuda#288, on its developers' machine),
+and at the rate MEASURED on the course's H100 (27.7 µs with one array argument, 87.5 µs with eight:
+19.2 + 8.5 µs an array; ``benchmarks/results/probes-…json``, quoted below). Counted
 kernel by kernel, cuda-tuned queues as many as cuda-ring (the tiled convolutions take 3–4 kernels a
 block where the push kernels took 1–2); with ``cuda-graph`` on a GPU all of them are ONE graph launch
 a step.

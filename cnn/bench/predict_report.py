@@ -1,0 +1,225 @@
+"""``python -m cnn bench --predict``: the PREDICTED H100 step of every CUDA stage, and its error on every measurement.
+
+Writes ``benchmarks/results/predict-h100-sm90.json`` (``--out``):
+
+    constants      ``predict_step.CALIBRATED`` and the measured figures the model uses as they are
+    calibration    every committed H100 measurement of a stage 4-7 step (``predict_calibrate.step_points``)
+                   and of a kernel (Nsight Compute), with the prediction for the kernels that were
+                   measured (the static report of that commit) and predicted / measured
+    predicted      for this checkout: each CUDA stage (every fix for cuda-tuned) on both networks, phase
+                   by phase, back to back and — with cuda-graph — as one CUDA graph; and the rows of stage
+                   7's ablation that tiled-conv changes, with what the fix buys: "+ tiled-conv alone"
+                   against cuda-ring, and tiled-conv on top of the fixes before it
+
+docs/profiling.md's ``prediction`` block is rendered from that file (``docs_block``), so the figures
+there are the file's; every predicted figure is called PREDICTED where it is shown, and none
+replaces a measurement. ``--predict --calibrate`` fits the constants again first and prints them
+(they are then copied into ``CALIBRATED`` by hand, with the loss they reached: a change of the model
+is a change of the code).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from cnn.bench import predict_calibrate, predict_step
+from cnn.bench.static_report import NETWORK_BATCHES, cuda_stages
+
+RESULTS_NAME = "predict-h100-sm90.json"
+TILED_ROWS = (("+ tiled-conv alone", "none", "tiled-conv"),
+              ("…, launch-config, tiled-conv", "resident-data,pinned-buffers,overlap-copies,fused-loss,fewer-launches,"
+               "smem-weights,launch-config", "resident-data,pinned-buffers,overlap-copies,fused-loss,fewer-launches,"
+               "smem-weights,launch-config,tiled-conv"))
+
+
+def stage_prediction(report: dict, constants: dict, copies: dict, graph: bool) -> dict:
+    phases = predict_step.phase_by_phase_ms(report, constants, copies)
+    return {"phase_by_phase_ms": sum(phases.values()), "phases_ms": phases,
+            "back_to_back_ms": predict_step.back_to_back_ms(report, constants, copies),
+            "graph_ms": predict_step.back_to_back_ms(report, constants, copies, graph=True) if graph else None,
+            "kernels_us": [round(predict_step.kernel_us(report["kernels"][op["kernel"]], op, constants)["us"], 2)
+                           for op in report["back_to_back"] or report["phase_by_phase"] if "copy" not in op]}
+
+
+def predictions(constants: dict, copies: dict, progress=None) -> dict:
+    """PREDICTED figures for this checkout (module docstring)."""
+    stages, tiled = [], []
+    for model, batch in NETWORK_BATCHES:
+        for stage in cuda_stages():
+            if progress:
+                progress(f"predicting {stage}, {model} b{batch}…")
+            report = predict_calibrate.report_for(stage, model, batch, None, None)
+            graph = stage == "cuda-tuned"
+            stages.append({"stage": stage, "model": model, "batch_size": batch,
+                           **stage_prediction(report, constants, copies, graph)})
+        for label, baseline, fixes in TILED_ROWS:
+            times = [predict_step.back_to_back_ms(predict_calibrate.report_for("cuda-tuned", model, batch, variant, None),
+                                                  constants, copies) for variant in (baseline, fixes)]
+            tiled.append({"variant": label, "model": model, "batch_size": batch, "baseline_ms": times[0],
+                          "ms": times[1], "speedup_vs_baseline": times[0] / times[1]})
+    return {"stages": stages, "tiled_conv": tiled}
+
+
+def calibration(constants: dict, copies: dict) -> dict:
+    steps = []
+    for point in predict_calibrate.step_points():
+        predicted = predict_calibrate.predict_point(point, constants, copies)
+        steps.append({**point, "predicted_ms": predicted, "ratio": predicted / point["measured_ms"]})
+    kernels = []
+    for point in predict_calibrate.kernel_points():
+        predicted = predict_step.kernel_us(point["report"]["kernels"][point["op"]["kernel"]], point["op"], constants)
+        kernels.append({key: point[key] for key in ("model", "batch", "commit", "file", "kernel", "measured_us")}
+                       | {"grid": point["op"]["grid"], "block": point["op"]["block"], "predicted_us": predicted["us"],
+                          "bound": predicted["bound"], "ratio": predicted["us"] / point["measured_us"]})
+    return {"steps": steps, "kernels": kernels}
+
+
+def versus_measured(out_dir) -> dict:
+    """The committed predictions beside the newest GPU measurements made after them (``--predict --vs-measured``,
+    on the GPU machine right after ``benchmarks/gpu_session.sh predict`` measured): no compiling, no git."""
+    from cnn.bench import recorded
+    from cnn.bench.results import bench_results
+
+    predicted = json.loads((Path(out_dir) / RESULTS_NAME).read_text())
+    since = predicted["created"]
+    rows, device = [], None
+    for row in predicted["predicted"]["stages"]:
+        found = [(path, result) for path, result in bench_results(out_dir) if result["machine"].get("gpu")
+                 and result["created"] >= since and (result["config"]["model"], result["config"]["batch_size"])
+                 == (row["model"], row["batch_size"]) and recorded.row(result, row["stage"])]
+        if not found:
+            continue
+        path, result = found[-1]
+        device = result["machine"]["gpu"]["name"]
+        measured = recorded.row(result, row["stage"])
+        for mode, key in (("phase by phase", "step_ms"), ("back to back", "back_to_back_ms")):
+            if measured.get(key):
+                guess = row["back_to_back_ms"] if key == "back_to_back_ms" and not row["graph_ms"] else \
+                    row["graph_ms"] if key == "back_to_back_ms" else row["phase_by_phase_ms"]
+                rows.append({"stage": row["stage"], "model": row["model"], "timing": mode, "file": path.name,
+                             "predicted_ms": guess, "measured_ms": measured[key]["median"],
+                             "ratio": guess / measured[key]["median"]})
+    for row in predicted["predicted"]["tiled_conv"]:
+        found = [(path, result) for path, result in recorded.ablations(out_dir) if result["created"] >= since
+                 and (result["model"], result["batch_size"]) == (row["model"], row["batch_size"])]
+        for path, result in found[-1:]:
+            label = "+ tiled-conv alone" if "alone" in row["variant"] else None
+            match = [r for r in result["rows"] if (r["variant"] == label) if label] or \
+                    [r for r in result["rows"] if r["variant"].startswith("cumulative") and r["fixes"][-1] == "tiled-conv"]
+            for measured in match[:1]:
+                rows.append({"stage": f"ablation {row['variant']}", "model": row["model"], "timing": "× tiled-conv buys",
+                             "file": path.name, "predicted_ms": row["speedup_vs_baseline"],
+                             "measured_ms": measured["speedup_vs_baseline"],
+                             "ratio": row["speedup_vs_baseline"] / measured["speedup_vs_baseline"]})
+    return {"device": device, "prediction": RESULTS_NAME, "prediction_commit": predicted.get("commit"), "rows": rows}
+
+
+def cmd_predict(args) -> int:
+    from cnn.bench.results import results_header, slug, write_json
+
+    if args.vs_measured:
+        compared = versus_measured(args.out)
+        if not compared["rows"]:
+            raise ValueError("--predict --vs-measured: no GPU measurement newer than the prediction in "
+                             f"{args.out} (benchmarks/gpu_session.sh predict makes them)")
+        result = {**results_header("predict-vs-measured"), **compared}
+        path = write_json(Path(args.out) / f"predict-vs-measured-{slug(compared['device'])}-{result['created'][:10]}.json",
+                          result)
+        for row in compared["rows"]:
+            print(f"{row['stage']:<40} {row['model']:<14} {row['timing']:<18} PREDICTED {row['predicted_ms']:8.3g}  "
+                  f"measured {row['measured_ms']:8.3g}  ×{row['ratio']:.2f}")
+        print(f"results: {path} (device: {compared['device']})")
+        return 0
+
+    copies = predict_step.measured_copies()
+    constants = dict(predict_step.CALIBRATED)
+    if args.calibrate:
+        constants = predict_calibrate.calibrate()
+        print("fitted:", json.dumps(constants))
+    result = {**results_header("predict-h100"), "constants": constants,
+              "measured_constants": {"launch_1_array_us": predict_step.LAUNCH_1_ARRAY_US,
+                                     "launch_8_arrays_us": predict_step.LAUNCH_8_ARRAYS_US,
+                                     "graph_replay_us": predict_step.GRAPH_REPLAY_US},
+              "calibration": calibration(constants, copies), "predicted": predictions(constants, copies, print)}
+    path = write_json(Path(args.out) / RESULTS_NAME, result)
+    print(docs_block(Path(args.out), Path("docs/profiling.md")))
+    print(f"results: {path}")
+    return 0
+
+
+# -- docs/profiling.md ---------------------------------------------------------------------------
+def times(ratio: float) -> str:
+    return f"{ratio:.2f}×"
+
+
+def docs_block(out_dir, page: Path) -> str:
+    """The ``prediction`` block of docs/profiling.md, from ``predict-h100-sm90.json``."""
+    from cnn.bench.findings import NETWORK_NAMES
+    from cnn.bench.readme import relative_link
+    from cnn.bench.tables import markdown
+
+    path = Path(out_dir) / RESULTS_NAME
+    if not path.exists():
+        return "No prediction yet: `python -m cnn bench --predict`."
+    result = json.loads(path.read_text())
+    link = f"[`{path.name}`]({relative_link(path, page)})"
+    names = lambda model, batch: f"{NETWORK_NAMES.get(model, model)} b{batch}"  # noqa: E731
+    constants = ", ".join(f"{name} = {value:.3g}" for name, value in result["constants"].items())
+    steps = [s for s in result["calibration"]["steps"] if s["kind"] == "bench"]
+    ablation = [s for s in result["calibration"]["steps"] if s["kind"] == "ablation"]
+    kernels = result["calibration"]["kernels"]
+    worst = max(max(s["ratio"], 1 / s["ratio"]) for s in steps)
+    parts = [f"Calibrated constants ({link}, commit {result.get('commit')}): {constants}. "
+             f"Used as measured: numba-cuda's launch {result['measured_constants']['launch_1_array_us']} µs with one "
+             f"array argument and {result['measured_constants']['launch_8_arrays_us']} µs with eight, "
+             f"{result['measured_constants']['graph_replay_us']} µs of graph replay a kernel, the copies' latency "
+             f"(`--memory`).", "",
+             f"**The committed H100 steps of stages 4-7, each PREDICTED from the kernels that were measured** "
+             f"(the static report of that commit): the largest error is {worst:.2f}× "
+             f"(predicted / measured; 1.5× is the target).", "",
+             markdown(["network", "stage, timing", "measured at", "measured ms", "PREDICTED ms", "predicted / measured"],
+                      [[names(s["model"], s["batch"]), s["label"], f"commit {s['commit']}", f"{s['measured_ms']:.3g}",
+                        f"{s['predicted_ms']:.3g}", times(s["ratio"])] for s in steps]), ""]
+    if ablation:
+        ratios = [s["ratio"] for s in ablation]
+        far = [s for s in ablation if max(s["ratio"], 1 / s["ratio"]) > 1.5]
+        parts += [f"Stage 7's ablation rows ({len(ablation)}, both sessions, back to back): predicted / measured "
+                  f"{min(ratios):.2f}–{statistics.median(ratios):.2f}–{max(ratios):.2f}× (min–median–max); "
+                  f"{len(far)} outside 1.5×" + (": " + "; ".join(f"{names(s['model'], s['batch'])} {s['label'][10:]} at "
+                                                                 f"{s['commit']} {times(s['ratio'])}" for s in far[:6])
+                                                + ("…" if len(far) > 6 else "") if far else "") + ".", ""]
+    if kernels:
+        ratios = [k["ratio"] for k in kernels]
+        within = sum(1 for r in ratios if 0.5 <= r <= 2)
+        parts += [f"Nsight Compute's {len(kernels)} kernel launches: predicted / measured {min(ratios):.2f}–"
+                  f"{statistics.median(ratios):.2f}–{max(ratios):.2f}× (min–median–max), {within} within 2×. "
+                  f"A kernel is harder to predict than a step, whose errors partly cancel.", ""]
+    predicted = result["predicted"]
+    parts += ["**PREDICTED for this checkout** (not measured: `sh benchmarks/gpu_session.sh predict` measures every "
+              "figure below on a GPU and writes them beside these):", "",
+              markdown(["stage", "network", "PREDICTED phase by phase, ms", "PREDICTED back to back, ms",
+                        "PREDICTED as one CUDA graph, ms"],
+                       [[f"`{s['stage']}`", names(s["model"], s["batch_size"]), f"{s['phase_by_phase_ms']:.3g}",
+                         f"{s['back_to_back_ms']:.3g}", f"{s['graph_ms']:.3g}" if s["graph_ms"] else "—"]
+                        for s in predicted["stages"]]), "",
+              "Stage 7's ablation, the rows tiled-conv changes (PREDICTED, back to back; × what the fix buys: the "
+              "row's time against the same variant without tiled-conv — cuda-ring for the first row, the fixes "
+              "before it for the second):", "",
+              markdown(["variant", "network", "PREDICTED ms without tiled-conv", "PREDICTED ms with it",
+                        "× what tiled-conv buys (PREDICTED)"],
+                       [[t["variant"], names(t["model"], t["batch_size"]), f"{t['baseline_ms']:.3g}", f"{t['ms']:.3g}",
+                         times(t["speedup_vs_baseline"])] for t in predicted["tiled_conv"]])]
+    return "\n".join(parts)
+
+
+def worst_bench_ratio(out_dir) -> float:
+    """max(predicted / measured, measured / predicted) over the committed bench steps (the 1.5× target)."""
+    result = json.loads((Path(out_dir) / RESULTS_NAME).read_text())
+    return max(max(s["ratio"], 1 / s["ratio"]) for s in result["calibration"]["steps"] if s["kind"] == "bench")
+
+
+def finite(value) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
