@@ -9,6 +9,10 @@
 #   sh benchmarks/gpu_session.sh train     # cuda-tuned, LeNet-5, 10 epochs on MNIST
 #   sh benchmarks/gpu_session.sh fused-net # stage 8: its gpu tests; cuda-tuned and cuda-fused-net beside PyTorch
 #                                          # (eager and one CUDA graph) on both networks; 10 epochs of MNIST
+#   sh benchmarks/gpu_session.sh predict   # issue 22, ~9 min: everything the committed PREDICTION claims, measured —
+#                                          # stages 4-7 on both networks (phase by phase and back to back), the
+#                                          # ablation's two tiled-conv rows, Nsight Compute per kernel (if present);
+#                                          # then predict-vs-measured-GPU-DATE.json: each prediction beside its measurement
 #
 # Parts chain: `sh benchmarks/gpu_session.sh bench train`. A GPU machine that cannot reach the
 # network needs MNIST carried along (the four IDX .gz files in data/mnist/, git-ignored). numba-cuda
@@ -22,7 +26,7 @@ export CNN_DATA_DIR="${CNN_DATA_DIR:-data}"
 PYTHON="${PYTHON:-python3}"
 results=benchmarks/results
 mkdir -p "$results"
-[ $# -gt 0 ] || { echo "gpu_session.sh: which parts? check, bench, profile, train, fused-net" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "gpu_session.sh: which parts? check, bench, profile, train, fused-net, predict" >&2; exit 2; }
 
 if ls .whl/numpy-*.whl >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/numpy-*.whl
@@ -89,8 +93,18 @@ for part in "$@"; do
         run "$PYTHON" -m cnn train --stage cuda-fused-net --epochs 10 --no-progress \
             --out "$results/train-lenet5-cuda-fused-net-10ep-$gpu-$(date +%F).json"
         ;;
+    predict)                  # issue 22: what python -m cnn bench --predict claims, measured (~9 min on an H100)
+        for model_batch in "lenet5 64 real" "alexnet-small 128 random"; do
+            set -- $model_batch
+            run "$PYTHON" -m cnn bench --stage cuda,cuda-fused,cuda-ring,cuda-tuned --model "$1" --batch-size "$2" \
+                --data "$3" --budget 8 --reference none --out-dir "$results"
+            run "$PYTHON" -m cnn bench --ablation --fixes tiled-conv --model "$1" --batch-size "$2" --out-dir "$results"
+            run ncu_kernels "$1" "$2"
+        done
+        run "$PYTHON" -m cnn bench --predict --vs-measured --out-dir "$results"
+        ;;
     *)
-        echo "gpu_session.sh: unknown part '$part' (check, bench, profile, train, fused-net, or ablation-MODEL-BATCH)" >&2
+        echo "gpu_session.sh: unknown part '$part' (check, bench, profile, train, fused-net, predict, or ablation-MODEL-BATCH)" >&2
         exit 2
         ;;
     esac

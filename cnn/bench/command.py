@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="time cuda-ring and each fix of cuda-tuned on its own (GPU only)")
     mode.add_argument("--timeline", action="store_true",
                       help="how much of cuda-ring's gradient copies hides under compute (GPU only)")
+    mode.add_argument("--predict", action="store_true",
+                      help="PREDICTED H100 step of every CUDA stage from the static report, and its error on every "
+                           "committed H100 measurement (no GPU needed)")
     mode.add_argument("--static", metavar="STAGE",
                       help="every kernel of STAGE's step compiled for sm_90 without a GPU: registers, spills, "
                            "occupancy, hot-loop instruction mix, predicted H100 time (STAGE 'all': stages 4-8)")
@@ -89,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ablation-steps", type=positive_int, default=50, help="--ablation: training steps per timed call")
     add("--slots", type=positive_int, default=2, help="--timeline: gradient slots in cuda-ring's ring")
     add("--fixes", default=None, help="--static cuda-tuned: only these fixes (comma-separated; 'none' for none)")
+    add("--at", default=None, metavar="COMMIT", help="--static: the kernels of an older commit (git archive)")
+    add("--calibrate", action="store_true", help="--predict: fit the model's constants to the H100 files first")
+    add("--vs-measured", action="store_true",
+        help="--predict: the committed prediction beside the GPU measurements made since (on the GPU machine)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     if args.static:
         from cnn.bench.static_report import cmd_static
         return cmd_static(args)
+    if args.predict:
+        from cnn.bench.predict_report import cmd_predict
+        return cmd_predict(args)
     check_arguments(args)
     if simulator_on():
         raise ValueError(SIMULATOR_REFUSAL)
