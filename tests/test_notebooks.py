@@ -60,7 +60,7 @@ def test_the_course_notebooks_exist():
     names = [path.stem for path in NOTEBOOKS]
     for expected in ("00_quick_start", "01_stage1_loops", "02_stage2_im2col", "03_stage3_numba_cpu",
                      "04_cuda_basics", "05_stage4_cuda", "06_stage5_fused", "07_stage6_ring", "08_stage7_tuning",
-                     "10_results", "11_distributed_sync",
+                     "09_stage8_fused_net", "10_results", "11_distributed_sync",
                      "12_distributed_async", "13_distributed_model_parallel", "14_distributed_large_batch"):
         assert expected in names
 
