@@ -5,12 +5,17 @@
   A value the user set is kept, and on a machine with an NVIDIA GPU it is left unset, so the
   kernels run on the GPU (force that with NUMBA_ENABLE_CUDASIM=0 pytest ...).
 - Tests marked ``gpu`` (full-size checks) are skipped, with the reason, unless a real GPU runs them.
+- Ctrl-C as a terminal delivers it: a shell without job control (a script's ``make test &``, ``nohup``)
+  starts its background commands with SIGINT ignored, and Python then installs no KeyboardInterrupt
+  handler, in the suite or in the processes it starts; the polite-stop tests would test that instead.
+  The suite puts Python's own handler back.
 - ``real_mnist``: the directory holding the real MNIST, from ``$CNN_DATA_DIR``, else ``data/`` of this
   checkout (where ``make demo`` fetches it), else ``../shared/data`` beside the checkout (where CI keeps a
   copy); the test is skipped, saying where it looked, when none holds it. Never downloads.
 """
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,8 @@ import pytest
 from cnn.machine import use_cuda_simulator_unless_gpu
 
 use_cuda_simulator_unless_gpu()
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _real_gpu_missing() -> str | None:

@@ -54,8 +54,16 @@ def tiny_result(tmp_path_factory):
 
 
 def short_back_to_back(monkeypatch) -> None:
-    """Back-to-back runs of the fewest steps (20) instead of about a second each: the same code, ~10x less time."""
-    monkeypatch.setattr(step_timing, "BACK_TO_BACK_SECONDS", 0.0)
+    """Back-to-back runs of 20 steps, however slow the loaded machine makes a step (the real rule would skip them
+    when 120 steps do not fit the budget): the same code as a second's worth of steps, ~10x less time."""
+    monkeypatch.setattr(step_timing, "back_to_back_steps", lambda row, args: 20)
+
+
+@pytest.mark.parametrize("median_ms, limited, steps", [(1.0, False, 500), (30.0, False, 33), (45.0, False, None),
+                                                      (1.0, True, None)])
+def test_back_to_back_runs_about_a_second_of_steps_when_the_budget_allows(tmp_path, median_ms, limited, steps):
+    row = {"step_ms": {"median": median_ms}, "limited_by_budget": limited}
+    assert step_timing.back_to_back_steps(row, bench_args(tmp_path)) == steps     # budget 5 s: 6 runs of >= 20 steps
 
 
 # -- the results file ------------------------------------------------------------------------------
