@@ -1,7 +1,7 @@
 """What stage 8's fused step should cost on an H100 — PREDICTED from its layer table, never measured here.
 
 Kernel 1 (``kernels/fused_net_step.py``) runs one block a group of samples, one block an SM (its
-177 registers a thread leave room for 8 warps; AlexNet-small's 164 KiB of shared memory for one
+168 registers a thread leave room for 12 warps; AlexNet-small's 164 KiB of shared memory for one
 block), so at batch 64 or 128 all its blocks run at once, in one wave, and its time is ONE block's:
 the sum over its phases (separated by ``syncthreads``) of the phase's longest thread.
 
@@ -14,7 +14,7 @@ compiled alone for sm_90 (numba-cuda → libNVVM → ``ptxas -arch=sm_90`` → `
 instructions of its inner loop divided by the iterations the loop body holds (notebook 09 §5 does
 it again). A warp issues one instruction every ``CYCLES_PER_INSTRUCTION`` cycles: 4 when its
 instructions wait on one another — the 16 warps issue 22's calibration needs for a full rate,
-spread over 8 — down to 2 where a loop has independent work to issue (the 16 multiply-adds of a
+spread over 12 — down to 2 where a loop has independent work to issue (the 16 multiply-adds of a
 forward tile). The two give the prediction's range.
 
 Kernel 2 reads G × P floats of partial sums (G groups, P parameters) at HBM's 3.35 TB/s; kernels 2

@@ -47,7 +47,7 @@ from numba import float32, int32, uint64
 from kernels.device import cuda
 from kernels.fused_net_table import (C, DIN, DOUT, F, HC, HO, IN, K, LANES, NEED_DX, OUT, PAD, PARAM, POOL,
                                      PSTRIDE, RELU, STRIDE, SWITCH, WC, WO, H, W)
-from kernels.launch import covering_windows
+from kernels.launch import covering_windows, unravel4
 
 LOW_BITS = 0xFFFF
 BLOCK = 4                       # filters (forward) or channels (backward) an item computes at once
@@ -109,10 +109,8 @@ def window_forward(op, floats, ints, params, n, t, threads):
     best = cuda.local.array(BLOCK, float32)
     best_at = cuda.local.array(BLOCK, int32)
     for item in range(t, n * groups * out_h * out_w, threads):
-        j = item % out_w
-        i = item // out_w % out_h
-        f = item // (out_w * out_h) % groups * block
-        s = item // (out_w * out_h * groups)
+        s, group, i, j = unravel4(item, (n, groups, out_h, out_w))
+        f = group * block
         count = min(block, filters - f)
         for r in range(BLOCK):
             biases[r] = params[at(op[PARAM] + filters * op[C] * op[K] * op[K] + f + min(r, count - 1))] \
@@ -223,9 +221,8 @@ def conv_input_gradient(op, floats, ints, params, s, c, count, y, x, sums):
 def routed_gradient(op, floats, ints, index):
     """dL/dx at ``index`` = (s, f, y, x) of a row without convolution: g summed over the windows (y, x) won."""
     out_h, out_w, height, width = op[HO], op[WO], op[HC], op[WC]
-    x = index % width
-    y = index // width % height
-    plane = index // (width * height)                   # s·F + f
+    s, f, y, x = unravel4(index, (0, op[F], height, width))
+    plane = s * op[F] + f
     first_i, last_i = covering_windows(y, op[POOL], op[PSTRIDE], out_h)
     first_j, last_j = covering_windows(x, op[POOL], op[PSTRIDE], out_w)
     me = (y << 16) | x
@@ -252,10 +249,8 @@ def window_backward(op, floats, ints, params, partials, group, n, t, threads):
             if kernel == 0:
                 floats[at(op[DIN] + index)] = routed_gradient(op, floats, ints, index)
                 continue
-            x = index % width
-            y = index // width % height
-            c = index // (width * height) % blocks * BLOCK
-            s = index // (width * height * blocks)
+            s, c, y, x = unravel4(index, (n, blocks, height, width))
+            c *= BLOCK
             count = min(BLOCK, channels - c)
             conv_input_gradient(op, floats, ints, params, s, c, count, y, x, sums)
             for r in range(BLOCK):
@@ -265,10 +260,8 @@ def window_backward(op, floats, ints, params, partials, group, n, t, threads):
             f = item - (weights - filters)
             partials[group, at(op[PARAM] + filters * channels * kernel * kernel + f)] = bias_gradient(op, floats, n, f)
         else:
-            q = item % kernel
-            p = item // kernel % kernel
-            c = item // (kernel * kernel) % blocks * BLOCK
-            f = item // (kernel * kernel * blocks)
+            f, c, p, q = unravel4(item, (filters, blocks, kernel, kernel))
+            c *= BLOCK
             count = min(BLOCK, channels - c)
             weight_gradient(op, floats, ints, n, f, c, count, p, q, sums)
             for r in range(BLOCK):

@@ -38,8 +38,8 @@ from kernels.fused_net_table import (DENSE, INPUT, INPUT_SIZE, KIND, LABELS, OPS
 from kernels.gather import gathered_from
 from kernels.launch import WARP, launch
 
-THREADS = 256                    # a block: 8 warps, what 177 registers a thread leave room for (an SM's 65,536
-                                 # registers are split among its 4 schedulers: 2 warps of 177 · 32 each);
+THREADS = 384                    # a block: 12 warps, what 168 registers a thread leave room for (an SM's 65,536
+                                 # registers are split among its 4 schedulers: 3 warps of 168 · 32 each);
                                  # any count gives the same bits (each value is summed by one thread)
 H100_SHARED_LIMIT = 227 * 1024            # the most one block may ask for on an H100 (sm_90)
 

@@ -56,8 +56,8 @@ output's dot product is shared by the 32 lanes of a warp (coalesced weight rows)
 summed by one thread in a fixed order, so the bits do not depend on T either.
 
 Compiled for sm_90 without a GPU (``python -m cnn bench --static cuda-fused-net``, issue 22's report):
-kernel 1 uses 177 registers a thread, no spill, no local memory, no float64 instruction; 177
-registers leave room for 8 warps an SM (``THREADS`` = 256), and one block an SM at both sizes
+kernel 1 uses 168 registers a thread, no spill, no local memory, no float64 instruction; 168
+registers leave room for 12 warps an SM (``THREADS`` = 384), and one block an SM at both sizes
 (LeNet-5: registers; AlexNet-small: shared memory too). Its forward inner loop is 112 instructions
 for 16 multiply-adds (it was 37 a multiply-add before every index was made unsigned and the loop
 tiled). Kernel 2: 29 registers; kernel 3: stage 7's.
@@ -72,14 +72,14 @@ from the SASS of each device function compiled alone, and a warp issues one inst
 3.35 TB/s; kernels 2 and 3 take at least 2.5 µs; the graph replays the 3 kernels at 1 µs each.
 
     ms a step, H100           stage 7 (MEASURED)  PyTorch graph (MEASURED)  cuda-fused-net (PREDICTED)
-    LeNet-5 b64                      1.01                 0.255                  0.08 – 0.16
-    AlexNet-small b128              11.0                  0.689                  0.91 – 1.79
+    LeNet-5 b64                      1.01                 0.255                  0.07 – 0.12
+    AlexNet-small b128              11.0                  0.689                  0.77 – 1.51
 
 (Stage 7 and PyTorch: ``benchmarks/results/bench-*-nvidia-h100-80gb-hbm3-2026-11-23.json``.) So, by
-this prediction, the fused step beats PyTorch's CUDA graph on LeNet-5 (1.6–3.0×) and stage 7 on both
-networks (6–12×), and misses the issue's targets: 0.05 ms on LeNet-5 (a sample's backward is a long
-chain on one SM: conv2's dL/dx alone is 29–58 µs) and 0.5 ms on AlexNet-small, where it stays slower
-than PyTorch's graph (0.38–0.76×): 12 M multiply-adds a sample at 7 instructions each on 8 warps is
+this prediction, the fused step beats PyTorch's CUDA graph on LeNet-5 (2.1–3.9×) and stage 7 on both
+networks (7–16×), and misses the issue's targets: 0.05 ms on LeNet-5 (one SM works through a sample's
+phases one after another: conv2's forward alone, 64 tiles of 150 taps, is 17–34 µs) and 0.5 ms on AlexNet-small, where it stays slower
+than PyTorch's graph (0.46–0.89×): 12 M multiply-adds a sample at 7 instructions each on 12 warps is
 ~10 % of the SM's FP32 rate. What would close the gap: split the longest sums across threads (LeNet-5's
 latency), a shared-memory GEMM tile with vector loads for the convolutions (AlexNet-small's rate).
 ``sh benchmarks/gpu_session.sh fused-net`` measures all of it on a GPU: the stage's gpu tests, the

@@ -89,8 +89,9 @@ def exercise_2(fast: bool) -> None:
 def exercise_3(fast: bool) -> None:
     """The longest predicted phase of a LeNet-5 step; the step at batch 128 and 512; images a second.
 
-    Answer. The longest phase is the second convolution's backward pass (row 1): its dL/dx items each check
-    16 filters × 9 pooling windows, one thread an item, and one SM works through them alone. At batch 128
+    Answer. The longest phase is the second convolution's forward pass (row 1): 16 filters in groups of 4
+    at 4 × 4 pooled positions make only 64 items, each 150 taps of the 16-multiply-add tile, so 64 of the
+    block's 384 threads work while the others wait — and no other SM can help. At batch 128
     the stage still puts one sample in a block: 128 blocks on 132 SMs run in one wave, so kernel 1 takes
     the same time as at batch 64 and only the sum of twice as many partial rows grows — the step costs
     about the same and the images a second nearly double. At batch 512 a block takes two samples (the
@@ -112,7 +113,7 @@ def exercise_3(fast: bool) -> None:
               f"{prediction.kernel_1_us[1]:.0f} µs, step {prediction.step_ms[0]:.3f}–{prediction.step_ms[1]:.3f} ms, "
               f"{rates[batch][1]:,.0f}–{rates[batch][0]:,.0f} images/s (PREDICTED)")
     print(f"longest phase: {longest.name}, {phase_us(longest, 2):.0f}–{phase_us(longest, 4):.0f} µs")
-    assert longest.name == "row 1 backward (window)"
+    assert longest.name == "row 1 forward (window)"
     assert steps[128].kernel_1_us == steps[64].kernel_1_us
     assert all(rates[128][k] > 1.8 * rates[64][k] for k in (0, 1))
     assert all(2 * steps[128].step_ms[k] < steps[512].step_ms[k] < 4 * steps[128].step_ms[k] for k in (0, 1))
