@@ -141,10 +141,11 @@ def test_predict_between_forward_and_backward_changes_nothing():
     assert rel_error(mine.get_grad(), grad) < 1e-10
 
 
-def test_gradient_does_not_depend_on_thread_count():
-    """Per-thread gradient copies summed at the end: 1 thread and all threads agree."""
+def test_layer_schedule_gradient_does_not_depend_on_thread_count():
+    """The per-layer kernels' per-thread gradient copies, summed at the end: 1 thread and all threads agree."""
     net = lenet5()
-    stage = make_stage(NumbaCpuStage, net, np.float64)
+    stage = NumbaCpuStage(net, np.float64, schedule="layers")
+    stage.set_params(make_stage(NumbaCpuStage, net, np.float64).get_params())
     images, labels = random_batch(net, 9, np.float64, seed=12)
     _, grad_all = stage.loss_and_grad(images, labels)
     threads = numba.get_num_threads()
@@ -228,3 +229,62 @@ def test_torch_missing_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)     # what an install without torch looks like
     with pytest.raises(ImportError, match=r"^PyTorch is optional: pip install -e '\.\[bench\]'$"):
         torch_model(lenet5())
+
+
+# -- the block schedule (kernels/cpu/network.py) and the thread count -------------------------------------
+
+@pytest.mark.parametrize("net_name", ["unfused", "lenet5"])
+def test_layer_schedule_gives_the_same_step(net_name):
+    """The stage's first schedule (a parallel region a layer) and the block schedule compute the same thing."""
+    net = NETWORKS[net_name]
+    blocks = make_stage(NumbaCpuStage, net, np.float64)
+    layers = NumbaCpuStage(net, np.float64, schedule="layers")
+    layers.set_params(blocks.get_params())
+    images, labels = random_batch(net, 11, np.float64, seed=15)
+    assert_same_step(blocks, layers, images, labels, 1e-12)
+
+
+def test_block_gradient_is_the_same_bit_for_bit_on_any_thread_count():
+    """Blocks of a fixed size, each with its own gradient copy, added in block order: threads change nothing."""
+    net = lenet5()
+    stage = make_stage(NumbaCpuStage, net, np.float64)
+    stage.free_cores = numba.get_num_threads            # every thread, whatever the machine's load
+    images, labels = random_batch(net, 37, np.float64, seed=16)      # 5 blocks, the last one short
+    loss_all, grad_all = stage.loss_and_grad(images, labels)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        loss_one, grad_one = stage.loss_and_grad(images, labels)
+    finally:
+        numba.set_num_threads(threads)
+    assert loss_one == loss_all and np.array_equal(grad_one, grad_all)
+
+
+def test_free_cores_leaves_busy_cores_alone():
+    from cnn.stages.s3_numba_cpu import FreeCores
+
+    idle = FreeCores()
+    assert [idle.choose(4, 4, 1) for _ in range(5)] == [4] * 5          # only this thread runs: every core
+    busy = FreeCores()
+    chosen = [busy.choose(4, 4, 1 + 4) for _ in range(12)]               # four other threads ready to run
+    assert chosen[0] == 3 and chosen[-1] == 1 and chosen == sorted(chosen, reverse=True)
+    one_busy = FreeCores()
+    assert [one_busy.choose(2, 2, 2) for _ in range(12)][-1] == 1       # one core kept busy elsewhere
+    assert FreeCores().choose(4, 4, None) == 4 and FreeCores().choose(1, 4, 9) == 1
+
+
+def test_block_program_chains_the_segments():
+    from kernels.cpu import network
+
+    program = NumbaCpuStage(lenet5(), np.float32).program
+    assert list(program[:, network.KIND]) == [network.CONV, network.CONV, network.DENSE, network.RELU,
+                                              network.DENSE, network.RELU, network.DENSE]
+    assert program[0, network.IN_START] == -1                        # the images
+    assert list(program[1:, network.IN_START]) == list(program[:-1, network.OUT_START])
+    assert list(program[:2, network.APPLY_RELU]) == [1, 1] and list(program[:2, network.POOL_SIZE]) == [2, 2]
+
+
+def test_unknown_schedule_is_one_line():
+    with pytest.raises(ValueError, match=r"^stage 'numba-cpu': schedule must be one of \('blocks', 'layers'\), "
+                                         r"not 'rows'$"):
+        NumbaCpuStage(lenet5(), np.float32, schedule="rows")

@@ -77,6 +77,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from cnn.machine import runnable_threads, usable_cores
 from cnn.model import Conv, Dense, Flatten, MaxPool, Network, ReLU, window_count
 from cnn.stages.base import HostStage, Ops, softmax_cross_entropy
 from kernels.cpu.conv_pool import conv_block_backward, conv_block_forward
@@ -232,6 +233,34 @@ class BlockBuffers(NamedTuple):
     block_losses: np.ndarray  # (blocks,): block k's summed loss
 
 
+class FreeCores:
+    """How many threads the next step uses: Numba's thread count, less the cores that other work keeps busy.
+
+    A parallel region ends when its slowest thread does. A thread that shares its core with another
+    process runs in time slices of milliseconds — longer than a whole LeNet-5 step — so the step
+    waits for it, and on a busy machine two threads are slower than one. Before each step the
+    stage looks at how many other threads are ready to run (``cnn.machine.runnable_threads``,
+    smoothed over the last steps so that one sample does not decide) and uses only the cores left
+    free: all of them on an idle machine, one when the others are all taken.
+    """
+
+    SMOOTHING = 0.25        # weight of the newest sample: about the last four steps decide
+
+    def __init__(self):
+        self.busy_elsewhere = 0.0
+
+    def __call__(self) -> int:
+        return self.choose(numba.get_num_threads(), usable_cores(), runnable_threads())
+
+    def choose(self, allowed: int, cores: int, runnable: int | None) -> int:
+        """Threads for the next step, given the thread count allowed, the cores and the threads ready to run
+        right now, the caller included (None: unknown, so all allowed)."""
+        if runnable is None or allowed == 1:
+            return allowed
+        self.busy_elsewhere += self.SMOOTHING * (max(0, runnable - 1) - self.busy_elsewhere)
+        return max(1, min(allowed, round(cores - self.busy_elsewhere)))
+
+
 SCHEDULES = ("blocks", "layers")
 NO_LABELS, NO_INPUT_GRAD = np.empty(0, np.int64), None
 
@@ -244,14 +273,18 @@ class NumbaCpuStage(HostStage):
 
     MAX_BUFFER_SETS = 4     # batch sizes kept (training, last partial batch, evaluation, ...)
 
-    def __init__(self, net: Network, dtype=np.float32, fuse: bool = True, schedule: str = "blocks"):
+    def __init__(self, net: Network, dtype=np.float32, fuse: bool = True, schedule: str = "blocks",
+                 free_cores_only: bool = True):
         """``fuse=False`` runs every layer as its own kernel call; ``schedule="layers"`` spreads each layer over
         the threads in turn (the stage's first version, a barrier a layer) instead of each block of samples
-        through the whole network (one parallel region a phase). The benchmark measures both against this."""
+        through the whole network (one parallel region a phase); ``free_cores_only=False`` always uses
+        Numba's thread count (``FreeCores``; the layer schedule always does). The benchmark measures them."""
         if schedule not in SCHEDULES:
             raise ValueError(f"stage {self.name!r}: schedule must be one of {SCHEDULES}, not {schedule!r}")
         super().__init__(net, dtype)
         self.schedule = schedule
+        self.free_cores = FreeCores() if free_cores_only else numba.get_num_threads
+        self.threads_used: dict[int, int] = {}      # thread count -> phases run with it (the benchmark reports it)
         self.kernel_calls = fusion_plan(net, fuse)
         self.program = block_program(net, self.kernel_calls)
         self._buffer_sets: dict = {}
@@ -308,13 +341,18 @@ class NumbaCpuStage(HostStage):
     # -- the block schedule: one parallel region a phase ------------------------------------------
     def _run_blocks(self, images, labels, forward, backward, input_grad=NO_INPUT_GRAD, purpose="train"):
         """``network.run_blocks`` on this batch; forward: the loss (with labels) and the logits; backward: the gradient."""
-        batch = images.shape[0]
+        batch, threads, allowed = images.shape[0], self.free_cores(), numba.get_num_threads()
+        self.threads_used[threads] = self.threads_used.get(threads, 0) + 1
         buffers = self._block_buffers(batch, purpose)
-        network.run_blocks(self.program, self.params, images, labels, buffers.acts, buffers.switches, buffers.grads,
-                           buffers.grad_copies, buffers.block_losses,
-                           images[:0] if input_grad is None else input_grad, forward, backward, numba.get_num_threads())
-        if backward:
-            network.sum_block_gradients(buffers.grad_copies, self.grad, numba.get_num_threads())
+        numba.set_num_threads(threads)      # the team itself, not only the work: a region waits for every thread it wakes
+        try:
+            network.run_blocks(self.program, self.params, images, labels, buffers.acts, buffers.switches,
+                               buffers.grads, buffers.grad_copies, buffers.block_losses,
+                               images[:0] if input_grad is None else input_grad, forward, backward, threads)
+            if backward:
+                network.sum_block_gradients(buffers.grad_copies, self.grad, threads)
+        finally:
+            numba.set_num_threads(allowed)
             self._backward_done, self._input_grad = True, input_grad
         if forward and labels.size:
             self.loss = float(buffers.block_losses.sum() / batch)

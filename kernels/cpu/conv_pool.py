@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu.layout import (SAFE_FASTMATH, SIMD_ROUND, axpy, axpy4, chunk_range, dot_4x4, fma_4x4, geometry,
-                                load_channel, run_length, samples_per_block, scratch, store_channel)
+from kernels.cpu.layout import (SIMD_ROUND, chunk_range, dot_4x4, fma_4x4, geometry, load_channel, run_length,
+                                samples_per_block, scratch, store_channel)
 from kernels.cpu.pool import pool_plane, unpool_plane
 
 

@@ -92,18 +92,6 @@ def axpy4(y, a0, x0, a1, x1, a2, x2, a3, x3):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def dot4(y, x0, x1, x2, x3):
-    """(y·x0, y·x1, y·x2, y·x3) in ONE pass: y is loaded once for four dot products."""
-    t0 = t1 = t2 = t3 = y.dtype.type(0)
-    for k in range(y.size):
-        t0 += y[k] * x0[k]
-        t1 += y[k] * x1[k]
-        t2 += y[k] * x2[k]
-        t3 += y[k] * x3[k]
-    return t0, t1, t2, t3
-
-
-@njit(cache=True, fastmath=SAFE_FASTMATH)
 def fma_4x4(y0, y1, y2, y3, x0, x1, x2, x3, a):
     """y_i += Σ_t a[i, t]·x_t for four outputs i and four inputs t, in ONE pass: 16 multiply-adds an
     element for 4 loads of x and 4 loads and 4 stores of y (a single axpy: 1 multiply-add for 3).
@@ -172,13 +160,6 @@ def add_rows(y, a, X):
         t += 4
     for t in range(t, X.shape[0]):
         axpy(y, a[t], X[t])
-
-
-@njit(cache=True)
-def taps(x, start, step, length):
-    """Four windows of x, ``step`` apart: x[start + t·step : start + t·step + length] for t = 0 … 3."""
-    return (x[start:start + length], x[start + step:start + step + length],
-            x[start + 2 * step:start + 2 * step + length], x[start + 3 * step:start + 3 * step + length])
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)

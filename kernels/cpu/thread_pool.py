@@ -1,0 +1,53 @@
+"""How stage 3's threads wait between parallel regions: Numba's OpenMP layer with the passive wait policy.
+
+At the end of a parallel region OpenMP's threads, by default, spin for a while before they sleep,
+so that the next region starts without waking anyone. On a machine whose cores are all busy —
+a laptop with a browser open, or the course's 2-core development machine shared by other jobs —
+a spinning thread takes the core from the thread everyone is waiting for, region after region:
+the stage's first version (a parallel region per layer) measured 82 ms a LeNet-5 step on 2
+threads against 5 ms on 1 while a competing process kept one core busy. With
+``OMP_WAIT_POLICY=passive`` a waiting thread sleeps at once; waking it costs a few microseconds
+a region, and stage 3 now opens one region per phase (``kernels/cpu/network.py``).
+
+Measured on the development machine (2 cores, heavily loaded: 1-minute load 27), the cost of
+launching an empty parallel region on 2 threads, per launch:
+
+    omp, default (spinning)     63 µs (median 164)
+    omp, passive               8.7 µs (median 8.7)
+    workqueue                  127 µs (median 154)
+
+(``tbb`` needs ``pip install tbb`` and, inside a virtual environment, the library on the
+loader's path: not a dependency worth a student's setup.) ``benchmarks/numba_vs_torch.py
+--loaded`` measures the whole step under load with each layer (``--threading-layer``).
+
+What is set here is only a preference: a value the user gave (``OMP_WAIT_POLICY``,
+``NUMBA_THREADING_LAYER``) is kept, and where Numba has no OpenMP layer it falls back to the
+next in the list. OpenMP reads the wait policy when it starts — at Numba's first parallel
+launch — so this runs when ``kernels.cpu`` is imported, before any of its kernels runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numba
+
+WAIT_POLICY = "passive"
+LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+
+
+def prefer_passive_openmp() -> None:
+    """Ask for the OpenMP layer, its threads sleeping while they wait (unless the user chose otherwise)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
+        numba.config.THREADING_LAYER_PRIORITY = LAYER_PRIORITY
+
+
+def thread_pool_facts() -> dict:
+    """What a results file records about the threads: Numba's layer (once launched), the count, the wait policy."""
+    try:
+        layer = numba.threading_layer()
+    except ValueError:             # no parallel region has run yet
+        layer = "not yet launched"
+    return {"numba_threading_layer": layer, "numba_threads": numba.get_num_threads(),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset: spin, then sleep)")}
