@@ -45,6 +45,24 @@ def machine_info() -> dict:
     }
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def runnable_threads() -> int | None:
+    """Threads ready to run on the whole machine at this instant, the caller included (Linux: the
+    "running/total" field of /proc/loadavg); None where the system does not say."""
+    try:
+        with open("/proc/loadavg") as loadavg:
+            return int(loadavg.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def nvidia_gpu_present() -> bool:
     """An NVIDIA driver that lists a GPU (Linux: /proc/driver/nvidia/gpus; elsewhere: nvidia-smi on PATH).
 
