@@ -2,6 +2,7 @@
 measured on this machine's MPI, plotted for 2 to 1024 workers, next to measured exchanges.
 
     python benchmarks/parallel_cost_model.py            # after benchmarks/parallel_strategies.py
+    python benchmarks/parallel_cost_model.py --ranks 2,4 --runs 5
 
 1. ``python -m cnn.parallel.costmodel`` on 2, 3 and 4 ranks: a ping-pong between ranks 0 and 1,
    waited on as the strategies wait (``World.wait``), gives α (latency) and β (seconds per byte);
@@ -14,7 +15,10 @@ measured on this machine's MPI, plotted for 2 to 1024 workers, next to measured 
    4-rank training runs in benchmarks/results/parallel_strategies.json (if present).
 
 Run it with no more ranks than cores where the machine has them (the script says how many cores it
-saw; the JSON records them).
+saw; the JSON records them). Every measurement is repeated ``--runs`` times (default 3), the rank
+counts taking turns, and the table gives the ratio measured / model as min–median–max over the
+runs: one run's ratio is not a property of the exchange (on a shared 2-core machine back-to-back
+runs gave 2.6× to 151×). The row from the training runs names the machine they ran on.
 
 Writes benchmarks/results/parallel_cost_model.json and benchmarks/results/parallel_cost_model.png.
 """
@@ -61,6 +65,10 @@ def measured_in_training(path: Path) -> dict:
         return {}
     runs = {summary["run"]: summary for summary in json.loads(path.read_text())}
     found = {}
+    used = [runs[name] for name in ("ps-sync", "allreduce-ring", "allreduce-mpi") if name in runs]
+    machines = {(r.get("machine") or {}).get("cpu", "?") + f", {(r.get('machine') or {}).get('cores', '?')} cores"
+                for r in used}
+    found["machine"] = "; ".join(sorted(machines))      # where those runs were measured: said in the row
     if "ps-sync" in runs:
         b = runs["ps-sync"]["breakdown_s"]
         found["ps"] = {"ranks": runs["ps-sync"]["ranks"], "seconds": b.get(FETCH, 0) + b.get(DISTRIBUTE, 0)}
@@ -91,9 +99,9 @@ def comparison(alpha: float, beta: float, measurements: dict, training: dict) ->
                      "ps_model": float(costmodel.ps_seconds(ranks, nbytes, alpha, beta)), "ps_measured": exchange["ps"],
                      "ring_model": float(costmodel.ring_seconds(ranks, nbytes, alpha, beta)),
                      "ring_measured": exchange["ring"], "mpi_allreduce_measured": exchange["mpi-allreduce"]})
-    if training:
-        ranks = next(iter(training.values()))["ranks"]
-        rows.append({"ranks": ranks, "source": "4-rank training run (rank 0's phases)",
+    if len(training) > 1:
+        ranks = next(value for key, value in training.items() if key != "machine")["ranks"]
+        rows.append({"ranks": ranks, "source": f"4-rank training run on {training['machine']} (rank 0's phases)",
                      "ps_model": float(costmodel.ps_seconds(ranks, nbytes, alpha, beta)),
                      "ps_measured": training.get("ps", {}).get("seconds"),
                      "ring_model": float(costmodel.ring_seconds(ranks, nbytes, alpha, beta)),
@@ -142,6 +150,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,3,4", help="ranks to measure at (the model is checked at each)")
     parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=3, help="jobs per rank count (taking turns), for min–median–max")
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
     out = RESULTS / "parallel_cost_model.json"
@@ -154,15 +163,23 @@ def main(argv=None) -> int:
         ranks = [int(r) for r in args.ranks.split(",")]
         print(f"{usable_cores()} cores; measuring at {', '.join(map(str, ranks))} ranks"
               + (" (oversubscribed above the core count)" if max(ranks) > usable_cores() else ""), flush=True)
-        measurements = {r: measure(r, args.repeats) for r in ranks}
-        first = measurements[min(measurements)]
-        alpha, beta = first["pingpong"]["alpha"], first["pingpong"]["beta"]
-        result = {"alpha_beta": {"alpha": alpha, "beta": beta, "from_ranks": min(measurements)},
-                  "cores": usable_cores(), "machine": machine_info(),
-                  "measurements": {str(r): m for r, m in measurements.items()},
-                  "waits": {str(r): m["waits"] for r, m in measurements.items()},
-                  "comparison": comparison(alpha, beta, measurements,
-                                           measured_in_training(RESULTS / "parallel_strategies.json")),
+        training = measured_in_training(RESULTS / "parallel_strategies.json")
+        runs = []
+        for run in range(args.runs):                      # the rank counts take turns
+            measurements = {r: measure(r, args.repeats) for r in ranks}
+            first = measurements[min(measurements)]
+            alpha, beta = first["pingpong"]["alpha"], first["pingpong"]["beta"]
+            runs.append({"alpha": alpha, "beta": beta, "measurements": measurements,
+                         "comparison": comparison(alpha, beta, measurements, training)})
+        # the model is drawn with the median run's α and β; every run's ratios go into the table
+        middle = sorted(runs, key=lambda run: run["alpha"])[len(runs) // 2]
+        alpha, beta = middle["alpha"], middle["beta"]
+        result = {"alpha_beta": {"alpha": alpha, "beta": beta, "from_ranks": min(ranks),
+                                 "alphas": [run["alpha"] for run in runs], "betas": [run["beta"] for run in runs]},
+                  "cores": usable_cores(), "machine": machine_info(), "runs": len(runs),
+                  "measurements": {str(r): m for r, m in middle["measurements"].items()},
+                  "waits": {str(r): m["waits"] for r, m in middle["measurements"].items()},
+                  "comparison": middle["comparison"], "comparison_runs": [run["comparison"] for run in runs],
                   "model": model_table(alpha, beta)}
         RESULTS.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))

@@ -15,9 +15,15 @@ and two base rates, 0.02 (the default of ``cnn train``) and 0.005: the rule can 
 stays below the largest rate the network trains at, and LeNet-5 without batch normalisation
 reaches that limit long before ResNet-50 did in Goyal et al.
 
-Writes benchmarks/results/parallel_large_batch.json (one record per run; a run with other
-``--base-lrs`` replaces only its own records) and benchmarks/results/parallel_large_batch.png
-(final test accuracy against B, one line per rule, one panel per base rate).
+``--seeds 0,1,2`` runs every point once per seed (the initial weights and the order of the images
+differ): the plot shows each point's median with its min–max as a bar, and the tables in
+docs/distributed.md quote min–median–max; with one seed a point is one run, and says so.
+
+Writes benchmarks/results/parallel_large_batch.json (one record per run). A partial sweep — other
+``--base-lrs``, ``--per-worker-batches`` or ``--seeds`` — *merges* into it: its records replace
+those of the same point (base rate, batch, rule, seed, epochs, images) and every other point is
+kept. Then benchmarks/results/parallel_large_batch.png (final test accuracy against B, one line per
+rule, one panel per base rate).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ RULES = {
 }
 
 
-def sweep(base_lr: float, per_worker_batches, epochs: int, limit_train: int | None) -> list[dict]:
+def sweep(base_lr: float, per_worker_batches, epochs: int, limit_train: int | None, seed: int = 0) -> list[dict]:
     records = []
     for per_worker in per_worker_batches:
         global_batch = RANKS * per_worker
@@ -47,9 +53,10 @@ def sweep(base_lr: float, per_worker_batches, epochs: int, limit_train: int | No
             started = time.time()
             done = launch("allreduce", RANKS, timeout=3600, epochs=epochs, batch_size=per_worker, lr=base_lr, init="xavier",
                           limit_train=limit_train, progress=False, checkpoint=str(RESULTS / "large-batch.npz"),
-                          **settings(k))
+                          seed=seed, **settings(k))
             summary = done.summary or {}
             record = {"base_lr": base_lr, "global_batch": global_batch, "per_worker_batch": per_worker, "rule": rule,
+                      "seed": seed, "epochs": epochs, "limit_train": limit_train,
                       "k": k, "final_lr": base_lr * (k if rule != "no scaling" else 1),
                       "status": summary.get("status", f"exit {done.returncode}"),
                       "final_test_accuracy": summary.get("final_test_accuracy"),
@@ -67,14 +74,23 @@ def plot(records: list[dict], path: Path, epochs: int, limit_train: int) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    import numpy as np
+
+    records = [r for r in records if r.get("epochs", epochs) == epochs and r.get("limit_train", limit_train) == limit_train]
     base_lrs = sorted({r["base_lr"] for r in records}, reverse=True)
     figure, axes = plt.subplots(1, len(base_lrs), figsize=(6.5 * len(base_lrs), 4.5), sharey=True, squeeze=False)
     for axis, base_lr in zip(axes[0], base_lrs):
         for rule in RULES:
-            rows = sorted((r for r in records if r["rule"] == rule and r["base_lr"] == base_lr),
-                          key=lambda r: r["global_batch"])
-            accuracy = [100 * (r["final_test_accuracy"] or 0.0) for r in rows]
-            axis.plot([r["global_batch"] for r in rows], accuracy, marker="o", label=rule)
+            points = {}
+            for r in records:
+                if r["rule"] == rule and r["base_lr"] == base_lr:
+                    points.setdefault(r["global_batch"], []).append(100 * (r["final_test_accuracy"] or 0.0))
+            batches = sorted(points)
+            median = [float(np.median(points[b])) for b in batches]
+            low = [m - min(points[b]) for m, b in zip(median, batches)]
+            high = [max(points[b]) - m for m, b in zip(median, batches)]
+            axis.errorbar(batches, median, yerr=[low, high], marker="o", capsize=3,
+                          label=f"{rule} ({min(len(v) for v in points.values())} run(s) a point)" if points else rule)
         axis.set_xscale("log", base=2)
         axis.set_xlabel("global batch B (4 workers × per-worker batch)")
         axis.set_title(f"base rate η = {base_lr:g} at B = {BASE_BATCH}; scaled: η·B/{BASE_BATCH}")
@@ -86,12 +102,19 @@ def plot(records: list[dict], path: Path, epochs: int, limit_train: int) -> None
     figure.savefig(path, dpi=120)
 
 
+def point_key(record: dict, args) -> tuple:
+    """What makes two records the same point of the sweep (a record from before seeds were kept: seed 0)."""
+    return (record["base_lr"], record["global_batch"], record["rule"], record.get("seed", 0),
+            record.get("epochs", args.epochs), record.get("limit_train", args.limit_train))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-lrs", default="0.02,0.005")
     parser.add_argument("--per-worker-batches", default="8,32,128,512")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--limit-train", type=int, default=30000)
+    parser.add_argument("--seeds", default="0", help="one run per seed and point: 0,1,2 for a spread")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON")
     args = parser.parse_args(argv)
     out = RESULTS / "parallel_large_batch.json"
@@ -99,8 +122,10 @@ def main(argv=None) -> int:
     if not args.plot_only:
         base_lrs = [float(lr) for lr in args.base_lrs.split(",")]
         batches = [int(b) for b in args.per_worker_batches.split(",")]
-        kept = [r for r in result["runs"] if r["base_lr"] not in base_lrs]
-        runs = kept + [record for lr in base_lrs for record in sweep(lr, batches, args.epochs, args.limit_train)]
+        new = [record for seed in (int(s) for s in args.seeds.split(",")) for lr in base_lrs
+               for record in sweep(lr, batches, args.epochs, args.limit_train, seed)]
+        done = {point_key(r, args) for r in new}
+        runs = [r for r in result["runs"] if point_key(r, args) not in done] + new
         result = {"ranks": RANKS, "base_batch": BASE_BATCH, "epochs": args.epochs, "limit_train": args.limit_train,
                   "runs": runs}
         RESULTS.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
     python benchmarks/parallel_waits.py                      # 2, 3, 4 ranks, 3 runs each
     python benchmarks/parallel_waits.py --ranks 2 --runs 5
+    python benchmarks/parallel_waits.py --table-only --into docs/distributed.md
 
 One MPI job per rank count and run, each measuring two things:
 
@@ -52,11 +53,11 @@ def job(out: str, repeats: int, straggler_steps: int) -> None:
     comm = world.comm
     net = get_network("lenet5")
     vector = np.random.default_rng(world.rank).standard_normal(net.num_params + 1).astype(np.float32)
-    mpi_wait, waited = [], []
-    for _ in range(repeats):
+    mpi_wait, waited, total = [], [], np.empty_like(vector)
+    for _ in range(repeats):                               # the same call World.allreduce_sum makes
         comm.Barrier()
         started = time.perf_counter()
-        comm.Iallreduce(MPI.IN_PLACE, vector.copy(), op=MPI.SUM).Wait()
+        comm.Iallreduce(vector, total, op=MPI.SUM).Wait()
         mpi_wait.append(time.perf_counter() - started)
         comm.Barrier()
         started = time.perf_counter()
@@ -135,11 +136,16 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="jobs per rank count, for min–median–max")
     parser.add_argument("--repeats", type=int, default=200, help="allreduces of each kind in a job")
     parser.add_argument("--straggler-steps", type=int, default=10)
+    parser.add_argument("--into", default=None, help="also put the table into this Markdown file's "
+                                                         "parallel-waits markers (docs/distributed.md)")
+    parser.add_argument("--table-only", action="store_true", help="print (and --into) the table of the JSON")
     parser.add_argument("--job", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
         job(args.job, args.repeats, args.straggler_steps)
         return 0
+    if args.table_only:
+        return publish(json.loads(OUT.read_text()), args.into)
     from cnn.machine import machine_info
     from cnn.parallel.launch import usable_cores
 
@@ -153,7 +159,16 @@ def main(argv=None) -> int:
     result["machine"] = {**machine_info(), "usable_cores": usable_cores()}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))
-    print(table(result))
+    return publish(result, args.into)
+
+
+def publish(result: dict, into: str | None) -> int:
+    from cnn.parallel.report import replace_between_markers
+
+    text = table(result)
+    print(text)
+    if into:
+        replace_between_markers(into, "parallel-waits", text)
     return 0
 
 

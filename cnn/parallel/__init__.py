@@ -37,8 +37,10 @@ rate of the synchronous ones is scaled by the number of workers with a per-batch
 checkpoints and summaries, and every rank runs the same number of steps. Every strategy checkpoints
 periodically and continues with ``--resume`` (``checkpoint``, ``resume``).
 
-No MPI call here blocks without a deadline (``World.wait``, which spins as ``MPI_Wait`` does), so a
-dead or silent rank is detected instead of hanging the job. This package imports neither numpy nor
+No MPI call here blocks without a deadline (``World.wait``, which spins briefly as ``MPI_Wait`` does,
+then naps), so a dead or silent rank is detected instead of hanging the job, and a rank waiting for a
+slow one leaves its core to others. Across hosts, every job first checks that each host runs the
+same interpreter, package and dataset (``hosts``). This package imports neither numpy nor
 MPI at import time: the launcher sets the BLAS thread count first.
 """
 

@@ -33,7 +33,7 @@ background thread for it). Before the update the rank waits for all of them::
 The sums are those of one allreduce of the whole vector (element by element the same additions),
 so the weights are the same (``tests/test_parallel_algorithms_mpi.py``, float64). What it buys is
 the wait after the backward pass: only the buckets still in flight when the first layer's backward
-ends are waited for (``benchmarks/parallel_overlap.py`` measures it).
+ends are waited for (``benchmarks/parallel_algorithms.py --only overlap`` measures it).
 
 With ``--stage cuda-ring`` or ``cuda-tuned`` the gradient stays on the GPU: ``cnn.parallel.gpu_ranks``.
 """

@@ -149,7 +149,10 @@ def _interleaved(world, ways: dict, num_params: int, repeats: int, dtype, togeth
     """Time each of ``ways`` (a function of the buffer) ``repeats`` times, the ways interleaved so
     that whatever else the machine does slows each alike, after one round of warm-up. ``together``:
     a barrier before each call and the median call; else ten calls back to back, per call."""
-    message = np.random.default_rng(world.rank).standard_normal(num_params + 1).astype(dtype)
+    from cnn.parallel.synchronous import TAIL
+
+    message = np.random.default_rng(world.rank).standard_normal(num_params + TAIL).astype(dtype)
+    message[-1] = 0                                        # [gradient | loss | stop flag]: nobody stops
     buffer = np.empty_like(message)
     durations = {name: [] for name in ways}
     calls = 1 if together else 10

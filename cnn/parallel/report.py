@@ -151,19 +151,34 @@ def cost_table(result: dict) -> str:
              "| ranks | measured in | server: model | server: measured | ratio | ring: model | ring: measured | ratio "
              "| MPI allreduce: measured |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for row in result["comparison"]:
+    runs = result.get("comparison_runs") or [result["comparison"]]
+    if len(runs) > 1:
+        lines[0] = lines[0].replace(". Ratio = measured / model.", f"; {len(runs)} runs, the rank counts taking "
+                                    f"turns. Ratio = measured / model, min–median–max over the runs (α from "
+                                    f"{spread([a * 1e6 for a in result['alpha_beta']['alphas']], '{:.1f}')} µs).")
+    for index, row in enumerate(result["comparison"]):
+        same = [run[index] for run in runs if index < len(run)]
         lines.append(f"| {row['ranks']} | {row['source']} | {milliseconds(row['ps_model'])} | "
-                     f"{milliseconds(row['ps_measured'])} | {ratio(row['ps_measured'], row['ps_model'])} | "
+                     f"{milliseconds(row['ps_measured'])} | {ratio_spread(same, 'ps')} | "
                      f"{milliseconds(row['ring_model'])} | {milliseconds(row['ring_measured'])} | "
-                     f"{ratio(row['ring_measured'], row['ring_model'])} | "
+                     f"{ratio_spread(same, 'ring')} | "
                      f"{milliseconds(row['mpi_allreduce_measured'])} |")
     return "\n".join(lines)
+
+
+def ratio_spread(rows: list[dict], name: str) -> str:
+    """measured / model of ``name`` ("ps" or "ring") in each run's row: one ratio, or min–median–max."""
+    values = [row[f"{name}_measured"] / row[f"{name}_model"] for row in rows
+              if row.get(f"{name}_measured") and row.get(f"{name}_model")]
+    if len(values) <= 1:
+        return f"{values[0]:.1f}× (1 run)" if values else "–"
+    return spread(values, "{:.1f}", "×")
 
 
 def wait_table(result: dict) -> str:
     """MPI's allreduce back to back, per way of waiting, for each model and rank count."""
     lines = ["MPI's allreduce of a gradient, back to back as in training, per way of waiting for it:", "",
-             "| model | ranks | World.wait (spinning) | MPI_Wait | blocking Allreduce | sleeps (first version) "
+             "| model | ranks | World.wait | MPI_Wait | blocking Allreduce | sleeps (first version) "
              "| sleeps ÷ World.wait |", "|---|---|---|---|---|---|---|"]
     for ranks, waits in sorted(result.get("waits", {}).items(), key=lambda item: int(item[0])):
         for model, way in waits.items():
