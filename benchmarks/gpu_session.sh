@@ -86,8 +86,8 @@ for part in "$@"; do
     fused-net)                # stage 8 (issue 21): ~7 minutes on an H100
         "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_fused_net.py \
             2>&1 | tee "$results/gpu-tests-stage8.log"
-        run "$PYTHON" -m cnn bench --stages cuda-tuned,cuda-fused-net --model lenet5 --batch-size 64 --budget 15
-        run "$PYTHON" -m cnn bench --stages cuda-tuned,cuda-fused-net --model alexnet-small --batch-size 128 \
+        run "$PYTHON" -m cnn bench --stage cuda-tuned,cuda-fused-net --model lenet5 --batch-size 64 --budget 15
+        run "$PYTHON" -m cnn bench --stage cuda-tuned,cuda-fused-net --model alexnet-small --batch-size 128 \
             --data random --budget 15
         gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
         run "$PYTHON" -m cnn train --stage cuda-fused-net --epochs 10 --no-progress \
