@@ -91,14 +91,16 @@ def show(*objects) -> None:
 
 
 def recorded_results(on_gpu: bool | None = None) -> list[dict]:
-    """The benchmark results README shows (``python -m cnn bench`` writes them): per machine and workload
-    the newest run, and older runs that timed stages no newer one did.
+    """The benchmark results docs/benchmarks.md shows (``python -m cnn bench`` writes them): per machine and
+    workload the newest run, and older runs that timed stages no newer one did, less any measured on a
+    busy machine (``cnn.bench.readme.published_results``).
 
     ``on_gpu``: True keeps results measured with a GPU, False those without, None all of them.
     """
-    from cnn.bench.results import load_results, shown_results
+    from cnn.bench.readme import published_results
+    from cnn.bench.results import load_results
 
-    results = [load_results(path) for path in shown_results(BENCH_RESULTS)]
+    results = [load_results(path) for path in published_results(BENCH_RESULTS)]
     return [result for result in results if on_gpu is None or bool(result["machine"].get("gpu")) == on_gpu]
 
 
