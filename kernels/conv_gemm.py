@@ -26,6 +26,9 @@ Addresses without divisions. Every loader reads a flat view of its array at (a p
 on its row or column only, computed once a thread by ``*_setup`` — the only divisions, outside
 every loop) + (a part that depends on k only, read from a table made once a layer on the host,
 ``conv_tables``): the loop over k does a table read, an add and a few compares for the padding. The
+layer's sizes reach the kernels as one small int32 array (``ConvTables.geometry``, read as
+``g[FILTERS]``…), not as a named tuple of 14 numbers: numba-cuda types every number of a tuple argument
+at every launch, which the calibrated prediction put at ~18 µs of host time each. The
 static report (``python -m cnn bench --static cuda-tuned``) counts the integer divisions inside
 loops of each compiled kernel: none, where the loaders of commit ecf7081 did 3-5 per element of B
 and the H100 measured them at 10-12 % of its SM throughput.
@@ -39,7 +42,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import float32
+from numba import float32, uint32
 
 from kernels.conv_pool_smem import tap, unravel3
 from kernels.device import cuda
@@ -100,6 +103,11 @@ class ConvGeometry(NamedTuple):
         return self
 
 
+#: where each ConvGeometry field sits in the int32 array the kernels read it from (``ConvTables.geometry``)
+(BATCH, CHANNELS, HEIGHT, WIDTH, FILTERS, KERNEL, STRIDE, PAD, CONV_H, CONV_W, POOL, POOL_STRIDE, POOLED_H,
+ POOLED_W) = range(14)
+
+
 class ConvTables(NamedTuple):
     """Offset tables of one layer, on the device (``conv_tables``): what depends on k alone, looked up.
 
@@ -111,6 +119,9 @@ class ConvTables(NamedTuple):
     taps: object          # (T, 2): t = (c, p, q) → [c·H·W + p·W + q, p << 8 | q]             (forward, dW)
     filter_taps: object   # (F·K·K, 2): k = (f, p, q) → dX's [w offset, dz offset, packed p, q // and % s]
     positions: object     # (P, 3): k = (n, ci, cj) → [dz offset, x offset of the window, packed top, left]
+    geometry: object      # (14,) int32: the ConvGeometry, read by the kernels as g[FILTERS], … — one array
+                          # argument instead of a named tuple of 14 numbers, which numba-cuda types at every
+                          # launch (the static report's prediction: ~18 µs of host time a number)
 
 
 PACK = 1 << 14            # top and left of a window (≥ −pad) are stored + PACK: 15 bits each, no sign bit
@@ -132,7 +143,7 @@ def conv_tables(g: ConvGeometry) -> ConvTables:
                           n * g.channels * g.height * g.width + top * g.width + left,
                           (top + PACK) << 16 | (left + PACK)], axis=1)
     return ConvTables(*(cuda.to_device(np.ascontiguousarray(table, dtype=np.int32))
-                        for table in (taps, filter_taps, positions)))
+                        for table in (taps, filter_taps, positions, np.array(g))))
 
 
 @cuda.jit(device=True)
@@ -155,7 +166,7 @@ def pooled_window(col, threads_n, window):
 def filter_row(src, f):
     """a_setup of the forward: (valid, offset of filter f's row in the flat weights)."""
     w, g = src
-    return f < g.filters, min(f, g.filters - 1) * (g.channels * g.kernel * g.kernel)
+    return f < g[FILTERS], min(f, g[FILTERS] - 1) * (g[CHANNELS] * g[KERNEL] * g[KERNEL])
 
 
 @cuda.jit(device=True)
@@ -163,7 +174,7 @@ def filter_load(src, row, t):
     """A[f, t] = w[f, t] of the filters seen as an F × T matrix (w flat)."""
     w, g = src
     valid, offset = row
-    value = w[offset + t]
+    value = w[uint32(offset + t)]                   # unsigned: no test for a negative index to wrap around
     return value if valid else float32(0.0)
 
 
@@ -172,12 +183,12 @@ def patch_setup(src, col, threads_n):
     """b_setup of the forward: (valid, x offset of the window's corner, its top row, its left column)
     for column ``col`` — the divisions that place it, once a thread."""
     x, taps, g = src
-    pooled, offset = pooled_window(col, threads_n, g.pool * g.pool)
-    valid = pooled < g.batch * g.pooled_h * g.pooled_w
-    n, i, j = unravel3(min(pooled, g.batch * g.pooled_h * g.pooled_w - 1), g.batch, g.pooled_h, g.pooled_w)
-    top = (i * g.pool_stride + offset // g.pool) * g.stride - g.pad
-    left = (j * g.pool_stride + offset % g.pool) * g.stride - g.pad
-    return valid, n * g.channels * g.height * g.width + top * g.width + left, top, left
+    pooled, offset = pooled_window(col, threads_n, g[POOL] * g[POOL])
+    valid = pooled < g[BATCH] * g[POOLED_H] * g[POOLED_W]
+    n, i, j = unravel3(min(pooled, g[BATCH] * g[POOLED_H] * g[POOLED_W] - 1), g[BATCH], g[POOLED_H], g[POOLED_W])
+    top = (i * g[POOL_STRIDE] + offset // g[POOL]) * g[STRIDE] - g[PAD]
+    left = (j * g[POOL_STRIDE] + offset % g[POOL]) * g[STRIDE] - g[PAD]
+    return valid, n * g[CHANNELS] * g[HEIGHT] * g[WIDTH] + top * g[WIDTH] + left, top, left
 
 
 @cuda.jit(device=True)
@@ -185,9 +196,9 @@ def patch_load(src, col, t):
     """X[t, col]: the input under tap t = (c, p, q) of the window ``col`` (0 in the padding)."""
     x, taps, g = src
     valid, corner, top, left = col
-    pq = taps[t, 1]
-    ok = valid and inside(top + (pq >> 8), left + (pq & 255), g.height, g.width)
-    value = x[corner + taps[t, 0] if ok else 0]
+    pq = taps[uint32(t), 1]
+    ok = valid and inside(top + (pq >> 8), left + (pq & 255), g[HEIGHT], g[WIDTH])
+    value = x[uint32(corner + taps[uint32(t), 0] if ok else 0)]
     return value if ok else float32(0.0)
 
 
@@ -195,19 +206,19 @@ def patch_load(src, col, t):
 def bias_relu_pool_store(out, f, col, threads_n, values):
     """y[n, f, i, j] = max over the window of ReLU(values + b[f]), switches = where (first max wins)."""
     b, y, switches, g = out
-    pooled, _ = pooled_window(col, threads_n, g.pool * g.pool)
-    if f >= g.filters or pooled >= g.batch * g.pooled_h * g.pooled_w:
+    pooled, _ = pooled_window(col, threads_n, g[POOL] * g[POOL])
+    if f >= g[FILTERS] or pooled >= g[BATCH] * g[POOLED_H] * g[POOLED_W]:
         return
-    n, i, j = unravel3(pooled, g.batch, g.pooled_h, g.pooled_w)
+    n, i, j = unravel3(pooled, g[BATCH], g[POOLED_H], g[POOLED_W])
     best = float32(-1.0)                    # below any ReLU output: the first position always wins
     best_at = 0
     offset = 0
-    for di in range(g.pool):                     # the window, row by row: no division to split an offset
-        for dj in range(g.pool):
+    for di in range(g[POOL]):                     # the window, row by row: no division to split an offset
+        for dj in range(g[POOL]):
             value = max(values[offset] + b[f], float32(0.0))
             if value > best:
                 best = value
-                best_at = (i * g.pool_stride + di) * g.conv_w + j * g.pool_stride + dj
+                best_at = (i * g[POOL_STRIDE] + di) * g[CONV_W] + j * g[POOL_STRIDE] + dj
             offset += 1
     y[n, f, i, j] = best
     switches[n, f, i, j] = best_at
@@ -223,9 +234,9 @@ def relu_pool_backward_kernel(dy, y, switches, dz, g):
     if index >= dz.size:
         return
     n, f, ci, cj = unravel4(index, dz.shape)
-    here = ci * g.conv_w + cj
-    first_i, last_i = covering_windows(ci, g.pool, g.pool_stride, g.pooled_h)
-    first_j, last_j = covering_windows(cj, g.pool, g.pool_stride, g.pooled_w)
+    here = ci * g[CONV_W] + cj
+    first_i, last_i = covering_windows(ci, g[POOL], g[POOL_STRIDE], g[POOLED_H])
+    first_j, last_j = covering_windows(cj, g[POOL], g[POOL_STRIDE], g[POOLED_W])
     total = float32(0.0)
     for i in range(first_i, last_i + 1):
         for j in range(first_j, last_j + 1):
@@ -239,7 +250,7 @@ def relu_pool_backward_kernel(dy, y, switches, dz, g):
 def grad_row(src, f):
     """a_setup of dW: (valid, f's offset in a sample's dz)."""
     dz, positions, g = src
-    return f < g.filters, min(f, g.filters - 1) * (g.conv_h * g.conv_w)
+    return f < g[FILTERS], min(f, g[FILTERS] - 1) * (g[CONV_H] * g[CONV_W])
 
 
 @cuda.jit(device=True)
@@ -247,7 +258,7 @@ def grad_load(src, row, k):
     """A[f, k] = dz[n, f, ci, cj] at position k = (n, ci, cj) (dz flat)."""
     dz, positions, g = src
     valid, offset = row
-    value = dz[positions[k, 0] + offset]
+    value = dz[uint32(positions[uint32(k), 0] + offset)]
     return value if valid else float32(0.0)
 
 
@@ -256,10 +267,10 @@ def tap_setup(src, col, threads_n):
     """b_setup of dW: (kind, x offset of tap (c, p, q), p, q) of column ``col`` — kind 0 a tap, 1 the
     ones column (db), 2 outside."""
     x, positions, g = src
-    taps = g.channels * g.kernel * g.kernel
-    c, p, q = tap(min(col, taps - 1), g.kernel)
+    taps = g[CHANNELS] * g[KERNEL] * g[KERNEL]
+    c, p, q = tap(min(col, taps - 1), g[KERNEL])
     kind = 0 if col < taps else (1 if col == taps else 2)
-    return kind, c * g.height * g.width + p * g.width + q, p, q
+    return kind, c * g[HEIGHT] * g[WIDTH] + p * g[WIDTH] + q, p, q
 
 
 @cuda.jit(device=True)
@@ -267,9 +278,9 @@ def tap_load(src, col, k):
     """B[k, col] = x under tap (c, p, q) at position k = (n, ci, cj); 1 in the ones column."""
     x, positions, g = src
     kind, offset, p, q = col
-    corner = positions[k, 2]
-    ok = kind == 0 and inside((corner >> 16) - PACK + p, (corner & 65535) - PACK + q, g.height, g.width)
-    value = x[positions[k, 1] + offset if ok else 0]
+    corner = positions[uint32(k), 2]
+    ok = kind == 0 and inside((corner >> 16) - PACK + p, (corner & 65535) - PACK + q, g[HEIGHT], g[WIDTH])
+    value = x[uint32(positions[uint32(k), 1] + offset if ok else 0)]
     if ok:
         return value
     return float32(1.0) if kind == 1 else float32(0.0)
@@ -300,7 +311,7 @@ def sum_splits_kernel(partial, dw, db):
 def channel_row(src, c):
     """a_setup of dX: (valid, channel c's offset in a filter)."""
     w, filter_taps, g = src
-    return c < g.channels, min(c, g.channels - 1) * (g.kernel * g.kernel)
+    return c < g[CHANNELS], min(c, g[CHANNELS] - 1) * (g[KERNEL] * g[KERNEL])
 
 
 @cuda.jit(device=True)
@@ -308,7 +319,7 @@ def filter_tap_load(src, row, k):
     """A[c, k] = w[f, c, p, q] for k = (f, p, q) (w flat)."""
     w, filter_taps, g = src
     valid, offset = row
-    value = w[filter_taps[k, 0] + offset]
+    value = w[uint32(filter_taps[uint32(k), 0] + offset)]
     return value if valid else float32(0.0)
 
 
@@ -317,11 +328,11 @@ def pixel_setup(src, col, threads_n):
     """b_setup of dX, for input pixel ``col`` = (n, h, w) — its divisions, once a thread: (valid, dz offset of
     (n, (h + pad) // s, (w + pad) // s), (h + pad) // s, (w + pad) // s, (h + pad) % s, (w + pad) % s)."""
     dz, filter_taps, g = src
-    valid = col < g.batch * g.height * g.width
-    n, h, w = unravel3(min(col, g.batch * g.height * g.width - 1), g.batch, g.height, g.width)
-    hq, wq = (h + g.pad) // g.stride, (w + g.pad) // g.stride
-    base = n * g.filters * g.conv_h * g.conv_w + hq * g.conv_w + wq
-    return valid, base, hq, wq, (h + g.pad) % g.stride, (w + g.pad) % g.stride
+    valid = col < g[BATCH] * g[HEIGHT] * g[WIDTH]
+    n, h, w = unravel3(min(col, g[BATCH] * g[HEIGHT] * g[WIDTH] - 1), g[BATCH], g[HEIGHT], g[WIDTH])
+    hq, wq = (h + g[PAD]) // g[STRIDE], (w + g[PAD]) // g[STRIDE]
+    base = n * g[FILTERS] * g[CONV_H] * g[CONV_W] + hq * g[CONV_W] + wq
+    return valid, base, hq, wq, (h + g[PAD]) % g[STRIDE], (w + g[PAD]) % g[STRIDE]
 
 
 @cuda.jit(device=True)
@@ -332,11 +343,11 @@ def window_grad_load(src, col, k):
     p // s, q // s, p % s, q % s and f's plane − (p // s, q // s)'s offset."""
     dz, filter_taps, g = src
     valid, base, hq, wq, hr, wr = col
-    packed = filter_taps[k, 2]
+    packed = filter_taps[uint32(k), 2]
     ci, cj = hq - (packed >> 24), wq - ((packed >> 16) & 255)
     ok = (valid and ((packed >> 8) & 255) == hr and (packed & 255) == wr
-          and inside(ci, cj, g.conv_h, g.conv_w))
-    value = dz[base + filter_taps[k, 1] if ok else 0]
+          and inside(ci, cj, g[CONV_H], g[CONV_W]))
+    value = dz[uint32(base + filter_taps[uint32(k), 1] if ok else 0)]
     return value if ok else float32(0.0)
 
 
@@ -345,12 +356,12 @@ def pixel_store(out, c, col, threads_n, values):
     """dx[n, c, h·W + w] for the thread's pixels col + j·threads_n (dx seen as N × C × H·W); the one
     division places the first, the others step along without one."""
     dx, g = out
-    plane = g.height * g.width
-    if c >= g.channels:
+    plane = g[HEIGHT] * g[WIDTH]
+    if c >= g[CHANNELS]:
         return
     n, at = col // plane, col % plane
     for j in range(values.size):
-        if n < g.batch:
+        if n < g[BATCH]:
             dx[n, c, at] = values[j]
         at += threads_n
         while at >= plane:                          # threads_n < plane: at most once or twice
@@ -395,7 +406,8 @@ def flat(array):
 
 def conv_relu_pool_forward_tiled(x, w, b, y, switches, g: ConvGeometry, tables: ConvTables, launch=launch):
     """y, switches ← maxpool(ReLU(conv(x, w) + b)), one implicit GEMM."""
-    gemm(FORWARD, forward_tiles(g), (flat(w), g), (flat(x), tables.taps, g), (b, y, switches, g),
+    geometry = tables.geometry
+    gemm(FORWARD, forward_tiles(g), (flat(w), geometry), (flat(x), tables.taps, geometry), (b, y, switches, geometry),
          g.filters, g.pooled * g.pool * g.pool, g.taps, launch=launch)
 
 
@@ -406,13 +418,14 @@ def conv_relu_pool_backward_tiled(dy, y, switches, x, w, dx, dw, db, dz, partial
     ``dz`` (N, F, Hc, Wc) and ``partial`` (``partial_shape(g)``) are scratch buffers; every output
     is overwritten, so nothing needs zeroing first.
     """
-    launch(relu_pool_backward_kernel, *grid_1d(dz.size), dy, y, switches, dz, g)
+    geometry = tables.geometry
+    launch(relu_pool_backward_kernel, *grid_1d(dz.size), dy, y, switches, dz, geometry)
     if tuple(partial.shape) != partial_shape(g):
         raise ValueError(f"conv backward: partial sums need shape {partial_shape(g)}, got {partial.shape}")
-    gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (flat(dz), tables.positions, g), (flat(x), tables.positions, g),
+    gemm(WEIGHT_GRADS, weight_grad_plan(g)[0], (flat(dz), tables.positions, geometry), (flat(x), tables.positions, geometry),
          (partial,), g.filters, g.taps + 1, g.positions, partial.shape[0], launch=launch)
     launch(sum_splits_kernel, *grid_1d(g.filters * (g.taps + 1)), partial, dw.reshape((g.filters, g.taps)), db)
     if with_dx:
-        gemm(DATA_GRADS, data_grad_tiles(g), (flat(w), tables.filter_taps, g), (flat(dz), tables.filter_taps, g),
-             (dx.reshape((g.batch, g.channels, g.height * g.width)), g),
+        gemm(DATA_GRADS, data_grad_tiles(g), (flat(w), tables.filter_taps, geometry),
+             (flat(dz), tables.filter_taps, geometry), (dx.reshape((g.batch, g.channels, g.height * g.width)), geometry),
              g.channels, g.batch * g.height * g.width, g.filters * g.kernel * g.kernel, launch=launch)

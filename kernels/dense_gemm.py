@@ -16,7 +16,7 @@ a TM × TN block of results in registers, and db needs no epilogue of its own.
 
 from __future__ import annotations
 
-from numba import float32
+from numba import float32, uint32
 
 from kernels.device import cuda
 from kernels.implicit_gemm import (Tiles, column_index, gemm, matrix_b, matrix_b_transposed, matrix_cols, matrix_rows,
@@ -30,7 +30,7 @@ TN = 4
 def matrix_b_with_ones(src, col, k):
     """B[k, col] = m[k, col], and 1 in the extra column col = m.shape[1]."""
     m = src[0]
-    value = m[k, min(col, m.shape[1] - 1)]              # always inside m: no branch around the load
+    value = m[uint32(k), uint32(min(col, m.shape[1] - 1))]    # always inside m: no branch around the load
     if col < m.shape[1]:
         return value
     return float32(1.0) if col == m.shape[1] else float32(0.0)

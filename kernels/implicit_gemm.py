@@ -280,7 +280,7 @@ def column_index(src, col, threads_n):
 def matrix_rows(src, row, k):
     """a_load of a row-major matrix m = src[0]: A[row, k] = m[row, k]."""
     m = src[0]
-    value = m[min(row, m.shape[0] - 1), k]             # always inside m: no branch around the load
+    value = m[uint32(min(row, m.shape[0] - 1)), uint32(k)]   # always inside m: no branch around the load
     return value if row < m.shape[0] else float32(0.0)
 
 
@@ -288,7 +288,7 @@ def matrix_rows(src, row, k):
 def matrix_cols(src, row, k):
     """a_load of a transposed matrix: A[row, k] = m[k, row]."""
     m = src[0]
-    value = m[k, min(row, m.shape[1] - 1)]
+    value = m[uint32(k), uint32(min(row, m.shape[1] - 1))]
     return value if row < m.shape[1] else float32(0.0)
 
 
@@ -296,7 +296,7 @@ def matrix_cols(src, row, k):
 def matrix_b(src, col, k):
     """b_load of a row-major matrix: B[k, col] = m[k, col]."""
     m = src[0]
-    value = m[k, min(col, m.shape[1] - 1)]
+    value = m[uint32(k), uint32(min(col, m.shape[1] - 1))]
     return value if col < m.shape[1] else float32(0.0)
 
 
@@ -304,7 +304,7 @@ def matrix_b(src, col, k):
 def matrix_b_transposed(src, col, k):
     """b_load of a transposed matrix: B[k, col] = m[col, k]."""
     m = src[0]
-    value = m[min(col, m.shape[0] - 1), k]
+    value = m[uint32(min(col, m.shape[0] - 1)), uint32(k)]
     return value if col < m.shape[0] else float32(0.0)
 
 

@@ -121,7 +121,8 @@ def test_weight_grads_split_over_positions_equal_one_block():
 def test_offset_tables_address_the_arrays_the_loaders_read():
     """Each table's offsets are the flat indices of the elements they stand for (stride 2, padding 1)."""
     g = ConvGeometry.of((2, 3, 9, 9), (4, 3, 3, 3), 2, 1, 2, 2)
-    taps, filter_taps, positions = (table.copy_to_host() for table in conv_gemm.conv_tables(g))
+    taps, filter_taps, positions, geometry = (table.copy_to_host() for table in conv_gemm.conv_tables(g))
+    assert tuple(geometry) == tuple(g) and geometry[conv_gemm.CONV_W] == g.conv_w     # the kernels' g[CONV_W]
     x, dz = np.arange(2 * 3 * 9 * 9).reshape(2, 3, 9, 9), np.arange(2 * 4 * g.conv_h * g.conv_w).reshape(
         2, 4, g.conv_h, g.conv_w)
     n, c, ci, cj, p, q = 1, 2, 3, 1, 2, 0                       # a tap of a position inside the image
