@@ -233,8 +233,8 @@ def stale_blocks(out_dir=RESULTS_DIR) -> list[str]:
 
 def cmd_update_docs(args) -> int:
     out = Path(args.out or RESULTS_DIR)
-    for results_file in published_results(out):          # a run's two plots, drawn where missing
-        plots_of(results_file)
+    for results_file in published_results(out):          # a run's two plots, drawn anew from the file
+        plots_of(results_file, redraw=True)
     for path in dict.fromkeys(target for target, _, _ in BLOCKS):
         text = regenerated(path, out)
         if text != path.read_text():

@@ -34,10 +34,11 @@ def relative_link(path, page: Path) -> str:
     return Path(os.path.relpath(Path(path), page.parent)).as_posix()
 
 
-def plots_of(json_path: Path, draw_missing: bool = True) -> dict[str, Path]:
-    """{kind: PNG path} of a bench results file's plots, drawn from the file where one is missing."""
+def plots_of(json_path: Path, draw_missing: bool = True, redraw: bool = False) -> dict[str, Path]:
+    """{kind: PNG path} of a bench results file's plots, drawn from the file where one is missing (``redraw``:
+    every one, so that a change to ``cnn.plots`` reaches the committed pictures)."""
     plots = {kind: json_path.with_name(f"{json_path.stem}-{kind}.png") for kind in PLOT_KINDS}
-    missing = [kind for kind, path in plots.items() if not path.exists()]
+    missing = [kind for kind, path in plots.items() if redraw or not path.exists()]
     if missing and draw_missing:
         from cnn import plots as pictures
 
