@@ -203,25 +203,29 @@ def patch_load(src, col, t):
 
 
 @cuda.jit(device=True)
-def bias_relu_pool_store(out, f, col, threads_n, values):
-    """y[n, f, i, j] = max over the window of ReLU(values + b[f]), switches = where (first max wins)."""
+def bias_relu_pool_store(out, f, filters_step, col, threads_n, acc):
+    """y[n, f, i, j] = max over the window of ReLU(acc + b[f]), switches = where (first max wins); the
+    window's place (the divisions) found once for all the thread's filters."""
     b, y, switches, g = out
     pooled, _ = pooled_window(col, threads_n, g[POOL] * g[POOL])
-    if f >= g[FILTERS] or pooled >= g[BATCH] * g[POOLED_H] * g[POOLED_W]:
+    if pooled >= g[BATCH] * g[POOLED_H] * g[POOLED_W]:
         return
     n, i, j = unravel3(pooled, g[BATCH], g[POOLED_H], g[POOLED_W])
-    best = float32(-1.0)                    # below any ReLU output: the first position always wins
-    best_at = 0
-    offset = 0
-    for di in range(g[POOL]):                     # the window, row by row: no division to split an offset
-        for dj in range(g[POOL]):
-            value = max(values[offset] + b[f], float32(0.0))
-            if value > best:
-                best = value
-                best_at = (i * g[POOL_STRIDE] + di) * g[CONV_W] + j * g[POOL_STRIDE] + dj
-            offset += 1
-    y[n, f, i, j] = best
-    switches[n, f, i, j] = best_at
+    for row in range(acc.shape[0]):
+        filter_ = f + row * filters_step
+        if filter_ < g[FILTERS]:
+            best = float32(-1.0)                # below any ReLU output: the first position always wins
+            best_at = 0
+            offset = 0
+            for di in range(g[POOL]):                # the window, row by row: no division to split an offset
+                for dj in range(g[POOL]):
+                    value = max(acc[row, offset] + b[filter_], float32(0.0))
+                    if value > best:
+                        best = value
+                        best_at = (i * g[POOL_STRIDE] + di) * g[CONV_W] + j * g[POOL_STRIDE] + dj
+                    offset += 1
+            y[n, filter_, i, j] = best
+            switches[n, filter_, i, j] = best_at
 
 
 FORWARD = (filter_row, filter_load, patch_setup, patch_load, bias_relu_pool_store)
@@ -352,21 +356,23 @@ def window_grad_load(src, col, k):
 
 
 @cuda.jit(device=True)
-def pixel_store(out, c, col, threads_n, values):
-    """dx[n, c, h·W + w] for the thread's pixels col + j·threads_n (dx seen as N × C × H·W); the one
-    division places the first, the others step along without one."""
+def pixel_store(out, c, channels_step, col, threads_n, acc):
+    """dx[n, c, h·W + w] for the thread's channels and pixels col + j·threads_n (dx seen as N × C × H·W); one
+    division places the first pixel, the others step along without one."""
     dx, g = out
     plane = g[HEIGHT] * g[WIDTH]
-    if c >= g[CHANNELS]:
-        return
-    n, at = col // plane, col % plane
-    for j in range(values.size):
-        if n < g[BATCH]:
-            dx[n, c, at] = values[j]
-        at += threads_n
-        while at >= plane:                          # threads_n < plane: at most once or twice
-            at -= plane
-            n += 1
+    first_n, first_at = col // plane, col % plane
+    for row in range(acc.shape[0]):
+        channel = c + row * channels_step
+        if channel < g[CHANNELS]:
+            n, at = first_n, first_at
+            for j in range(acc.shape[1]):
+                if n < g[BATCH]:
+                    dx[n, channel, at] = acc[row, j]
+                at += threads_n
+                while at >= plane:                  # threads_n < plane: at most once or twice
+                    at -= plane
+                    n += 1
 
 
 DATA_GRADS = (channel_row, filter_tap_load, pixel_setup, window_grad_load, pixel_store)

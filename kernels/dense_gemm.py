@@ -37,39 +37,45 @@ def matrix_b_with_ones(src, col, k):
 
 
 @cuda.jit(device=True)
-def bias_relu_store(out, n, col, threads_n, values):
-    """y[n, o] = values + b[o], then max(·, 0) when ``relu`` (out = (y, b, relu))."""
+def bias_relu_store(out, n, rows_step, col, threads_n, acc):
+    """y[n, o] = acc + b[o], then max(·, 0) when ``relu`` (out = (y, b, relu))."""
     y, b, relu = out
-    if n < y.shape[0]:
-        for j in range(values.size):
-            o = col + j * threads_n
-            if o < y.shape[1]:
-                value = values[j] + b[o]
-                y[n, o] = max(value, float32(0.0)) if relu else value
+    for i in range(acc.shape[0]):
+        row = n + i * rows_step
+        if row < y.shape[0]:
+            for j in range(acc.shape[1]):
+                o = col + j * threads_n
+                if o < y.shape[1]:
+                    value = acc[i, j] + b[o]
+                    y[row, o] = max(value, float32(0.0)) if relu else value
 
 
 @cuda.jit(device=True)
-def weight_grad_store(out, o, col, threads_n, values):
+def weight_grad_store(out, o, rows_step, col, threads_n, acc):
     """dw[o, i] for i < in, and db[o] from the column of ones (out = (dw, db))."""
     dw, db = out
-    if o < dw.shape[0]:
-        for j in range(values.size):
-            i = col + j * threads_n
-            if i < dw.shape[1]:
-                dw[o, i] = values[j]
-            elif i == dw.shape[1]:
-                db[o] = values[j]
+    for i in range(acc.shape[0]):
+        row = o + i * rows_step
+        if row < dw.shape[0]:
+            for j in range(acc.shape[1]):
+                column = col + j * threads_n
+                if column < dw.shape[1]:
+                    dw[row, column] = acc[i, j]
+                elif column == dw.shape[1]:
+                    db[row] = acc[i, j]
 
 
 @cuda.jit(device=True)
-def masked_store(out, n, col, threads_n, values):
-    """dx[n, i] = values, or 0 where mask[n, i] ≤ 0 when ``use_mask`` (out = (dx, mask, use_mask))."""
+def masked_store(out, n, rows_step, col, threads_n, acc):
+    """dx[n, i] = acc, or 0 where mask[n, i] ≤ 0 when ``use_mask`` (out = (dx, mask, use_mask))."""
     dx, mask, use_mask = out
-    if n < dx.shape[0]:
-        for j in range(values.size):
-            i = col + j * threads_n
-            if i < dx.shape[1]:
-                dx[n, i] = values[j] if not use_mask or mask[n, i] > 0 else float32(0.0)
+    for i in range(acc.shape[0]):
+        row = n + i * rows_step
+        if row < dx.shape[0]:
+            for j in range(acc.shape[1]):
+                column = col + j * threads_n
+                if column < dx.shape[1]:
+                    dx[row, column] = acc[i, j] if not use_mask or mask[row, column] > 0 else float32(0.0)
 
 
 FORWARD = (row_index, matrix_rows, column_index, matrix_b_transposed, bias_relu_store)

@@ -42,7 +42,9 @@ The loader interface (each a ``@cuda.jit(device=True)`` function):
     b_col = b_setup(b_src, col, threads_n)        once per thread: what depends on the column only
     B[k, col] = b_load(b_src, b_col, k)           (a loader must read inside its arrays even for a row
                                                   or column outside the matrix: clamp, then select 0)
-    epilogue(out, row, col, threads_n, values)    per row of the thread's block: values[j] = C[row, col + j·threads_n]
+    epilogue(out, row, threads_m, col, threads_n, acc)   once a thread, with its whole block of results:
+                                                  acc[i, j] = C[row + i·threads_m, col + j·threads_n] — so that
+                                                  what depends on the columns (a division) is done once
 
 ``a_src``, ``b_src`` and ``out`` are tuples of the arrays (and integers) the functions need.
 ``threads_n`` = BN/TN is passed along because a loader may give the columns of C its own meaning:
@@ -181,7 +183,6 @@ def gemm_kernel(a_setup, a_load, b_setup, b_load, epilogue, tiles: Tiles):
         b_next = cuda.local.array(b_per, float32)
         a_frag = cuda.local.array(tm, float32)
         b_frag = cuda.local.array(tn, float32)
-        row_values = cuda.local.array(tn, float32)
         t = cuda.threadIdx.x
         ty, tx = t // threads_n, t % threads_n
         row0, col0 = cuda.blockIdx.y * bm, cuda.blockIdx.x * bn
@@ -231,10 +232,7 @@ def gemm_kernel(a_setup, a_load, b_setup, b_load, epilogue, tiles: Tiles):
                 a_at += uint32(bm)
                 b_at += uint32(bn)
             cuda.syncthreads()                            # everyone is done with the slice before the next store
-        for i in range(tm):
-            for j in range(tn):
-                row_values[j] = acc[i, j]
-            epilogue(out, row0 + i * threads_m + ty, col0 + tx, threads_n, row_values)
+        epilogue(out, row0 + ty, threads_m, col0 + tx, threads_n, acc)
 
     # named after its epilogue (gemm_bias_relu_pool_store, gemm_pixel_store, ...) in profiles
     implicit_gemm_kernel.__name__ = implicit_gemm_kernel.__qualname__ = f"gemm_{function_name(epilogue)}"
@@ -309,10 +307,12 @@ def matrix_b_transposed(src, col, k):
 
 
 @cuda.jit(device=True)
-def store_partial(out, row, col, threads_n, values):
+def store_partial(out, row, threads_m, col, threads_n, acc):
     """Epilogue of split-K: partial[bz, row, ·] = this block's sums over its chunk of k (out = (partial,))."""
     partial = out[0]
-    if row < partial.shape[1]:
-        for j in range(values.size):
-            if col + j * threads_n < partial.shape[2]:
-                partial[cuda.blockIdx.z, row, col + j * threads_n] = values[j]
+    for i in range(acc.shape[0]):
+        r = row + i * threads_m
+        if r < partial.shape[1]:
+            for j in range(acc.shape[1]):
+                if col + j * threads_n < partial.shape[2]:
+                    partial[cuda.blockIdx.z, r, col + j * threads_n] = acc[i, j]
