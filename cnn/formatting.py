@@ -2,10 +2,17 @@
 
 Both take these from here, so neither imports the other: the phases of a training step and
 their labels, times in ms with as many digits as they deserve, speed factors, sizes in MiB,
-the spread of a set of samples, and the label of a results file.
+the spread of a set of samples, the label of a results file, and ``markdown``: a Markdown table.
+
+The numbers are written by hand (what a figure deserves is the course's call); the tables are laid
+out by ``tabulate`` (the library the Python world uses to print tables): every column padded to its
+widest cell, so a table reads as a table in the raw file and in a terminal too, with no width
+arithmetic of our own to get wrong.
 """
 
 from __future__ import annotations
+
+from tabulate import tabulate
 
 PHASES = ("load_batch", "forward", "backward", "update", "fetch_loss")
 PHASE_LABELS = {"load_batch": "host→device", "forward": "forward", "backward": "backward",
@@ -43,3 +50,9 @@ def compare_label(result: dict) -> str:
     """A results file named by its machine: the GPU, or the CPU without one, and the date."""
     gpu = result["machine"].get("gpu")
     return f"{gpu['name'] if gpu else result['machine']['cpu']} ({result['created'][:10]})"
+
+
+def markdown(header: list[str], cells: list[list[str]]) -> str:
+    """A Markdown table (GitHub's pipe tables), its columns padded to their widest cell; cells are shown as
+    written (``disable_numparse``: "1,830" and "9.34 ±4%" stay text, and no column is re-aligned as numbers)."""
+    return tabulate(cells, headers=header, tablefmt="github", disable_numparse=True)

@@ -114,6 +114,16 @@ def test_speedup_arithmetic():
     assert references[0]["speedup_vs_first"] == pytest.approx(20.0)
 
 
+def test_markdown_tables_pad_each_column_to_its_widest_cell():
+    from cnn.formatting import markdown
+
+    assert markdown(["stage", "ms"], [["numpy", "28.9 ±3%"], ["numba-cpu", "6.07"]]).splitlines() == [
+        "| stage     | ms       |",
+        "|-----------|----------|",
+        "| numpy     | 28.9 ±3% |",
+        "| numba-cpu | 6.07     |"]
+
+
 def test_markdown_table_lists_every_row_and_skips(tiny_result):
     result = json.loads(json.dumps(tiny_result[0]))
     result["skipped"].append({"name": "cuda", "reason": "needs a CUDA GPU"})
@@ -183,7 +193,7 @@ def test_compare_writes_side_by_side_plot(tiny_result, tmp_path, capsys):
     _, path = tiny_result
     assert cli.main(["bench", "--compare", str(path), str(path), "--out-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "| loops |" in printed
+    assert "| loops " in printed and "| numpy " in printed
     assert_png(next(tmp_path.glob("compare-*.png")))
 
 

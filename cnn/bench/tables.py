@@ -1,8 +1,11 @@
-"""The results of a stage benchmark as Markdown: the table, the notes a reader needs under it, machines side by side."""
+"""The results of a stage benchmark as Markdown: the table, the notes a reader needs under it, machines side by side.
+
+Every table is laid out by ``cnn.formatting.markdown`` (tabulate); this module decides what goes in the cells.
+"""
 
 from __future__ import annotations
 
-from cnn.formatting import PHASE_LABELS, PHASES, compare_label, fmt_factor, fmt_mib, fmt_ms, spread
+from cnn.formatting import PHASE_LABELS, PHASES, compare_label, fmt_factor, fmt_mib, fmt_ms, markdown, spread
 
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
@@ -46,12 +49,7 @@ def machine_line(result: dict) -> str:
 
 def markdown_table(result: dict) -> str:
     """The results table in Markdown, with the notes a reader needs under it."""
-    header, cells = table_rows(result)
-    widths = [max(len(line[i]) for line in [header] + cells) for i in range(len(header))]
-    lines = ["| " + " | ".join(text.ljust(width) for text, width in zip(line, widths)) + " |"
-             for line in [header] + cells]
-    lines.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
-    return "\n".join(lines + [""] + [f"- {note}" for note in table_notes(result)])
+    return "\n".join([markdown(*table_rows(result)), ""] + [f"- {note}" for note in table_notes(result)])
 
 
 def table_notes(result: dict) -> list[str]:
@@ -90,20 +88,14 @@ def compare_table(results: list[dict]) -> str:
             if row["name"] not in names:
                 names.append(row["name"])
     header = ["stage", *(f"images/s, {compare_label(r)}" for r in results)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = []
     for name in names:
-        cells = []
+        line = [name]
         for result in results:
             row = next((r for r in result["stages"] + result["references"] if r["name"] == name), None)
-            cells.append("—" if row is None else f"{row['images_per_s']:,.1f}")
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    return "\n".join(lines)
-
-
-def markdown(header: list[str], cells: list[list[str]]) -> str:
-    """A plain Markdown table."""
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
-                     ["| " + " | ".join(line) + " |" for line in cells])
+            line.append("—" if row is None else f"{row['images_per_s']:,.1f}")
+        cells.append(line)
+    return markdown(header, cells)
 
 
 def ablation_table(columns: list[tuple[str, dict]]) -> str:
