@@ -61,12 +61,14 @@ def report_for(stage: str, model: str, batch: int, fixes: str | None, commit: st
     """The static report of ``stage`` (with ``fixes``) at ``commit`` (None: this checkout), kept on disk."""
     key = hashlib.sha256(json.dumps([stage, model, batch, fixes, commit]).encode()).hexdigest()[:20]
     path = REPORTS / f"{key}.json"
-    digest = tree_digest(tree_at(commit) if commit else ROOT)
-    if path.exists() and json.loads(path.read_text()).get("digest") == digest:
-        return json.loads(path.read_text())
-    report = static_report(stage, model, batch, fixes, tree_at(commit) if commit else ROOT)
+    tree = tree_at(commit) if commit else ROOT
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if commit is not None or kept.get("digest") == tree_digest(tree, kept.get("kernel_modules") or ["-"]):
+            return kept                                   # (an older commit's kernels never change)
+    report = static_report(stage, model, batch, fixes, tree)
     REPORTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**report, "digest": digest}))
+    path.write_text(json.dumps({**report, "digest": tree_digest(tree, report.get("kernel_modules"))}))
     return report
 
 

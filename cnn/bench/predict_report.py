@@ -37,7 +37,10 @@ TILED_ROWS = (("+ tiled-conv alone", "none", "tiled-conv"),
 
 def stage_prediction(report: dict, constants: dict, copies: dict, graph: bool) -> dict:
     phases = predict_step.phase_by_phase_ms(report, constants, copies)
-    return {"phase_by_phase_ms": sum(phases.values()), "phases_ms": phases,
+    launches = [op for op in report["back_to_back"] or report["phase_by_phase"] if "copy" not in op]
+    unmodelled = sorted({report["kernels"][op["kernel"]]["function"] for op in launches
+                         if not predict_step.kernel_us(report["kernels"][op["kernel"]], op, constants)["modelled"]})
+    return {"phase_by_phase_ms": sum(phases.values()), "phases_ms": phases, "unmodelled": unmodelled,
             "back_to_back_ms": predict_step.back_to_back_ms(report, constants, copies),
             "graph_ms": predict_step.back_to_back_ms(report, constants, copies, graph=True) if graph else None,
             "kernels_us": [round(predict_step.kernel_us(report["kernels"][op["kernel"]], op, constants)["us"], 2)
@@ -180,16 +183,18 @@ def docs_block(out_dir, page: Path) -> str:
              f"**The committed H100 steps of stages 4-7, each PREDICTED from the kernels that were measured** "
              f"(the static report of that commit): the largest error is {worst:.2f}× "
              f"(predicted / measured; 1.5× is the target).", "",
-             markdown(["network", "stage, timing", "measured at", "measured ms", "PREDICTED ms", "predicted / measured"],
-                      [[names(s["model"], s["batch"]), s["label"], f"commit {s['commit']}", f"{s['measured_ms']:.3g}",
-                        f"{s['predicted_ms']:.3g}", times(s["ratio"])] for s in steps]), ""]
+             markdown(["network", "stage, timing", "measured (H100 session)", "kernels predicted from", "measured ms",
+                       "PREDICTED ms", "predicted / measured"],
+                      [[names(s["model"], s["batch"]), s["label"], session_of(s["file"]), kernels_of(s),
+                        f"{s['measured_ms']:.3g}", f"{s['predicted_ms']:.3g}", times(s["ratio"])] for s in steps]), ""]
     if ablation:
         ratios = [s["ratio"] for s in ablation]
         far = [s for s in ablation if max(s["ratio"], 1 / s["ratio"]) > 1.5]
         parts += [f"Stage 7's ablation rows ({len(ablation)}, both sessions, back to back): predicted / measured "
                   f"{min(ratios):.2f}–{statistics.median(ratios):.2f}–{max(ratios):.2f}× (min–median–max); "
                   f"{len(far)} outside 1.5×" + (": " + "; ".join(f"{names(s['model'], s['batch'])} {s['label'][10:]} at "
-                                                                 f"{s['commit']} {times(s['ratio'])}" for s in far[:6])
+                                                                 f"({session_of(s['file'])}) {times(s['ratio'])}"
+                                                                 for s in far[:6])
                                                 + ("…" if len(far) > 6 else "") if far else "") + ".", ""]
     if kernels:
         ratios = [k["ratio"] for k in kernels]
@@ -202,9 +207,13 @@ def docs_block(out_dir, page: Path) -> str:
               "figure below on a GPU and writes them beside these):", "",
               markdown(["stage", "network", "PREDICTED phase by phase, ms", "PREDICTED back to back, ms",
                         "PREDICTED as one CUDA graph, ms"],
-                       [[f"`{s['stage']}`", names(s["model"], s["batch_size"]), f"{s['phase_by_phase_ms']:.3g}",
-                         f"{s['back_to_back_ms']:.3g}", f"{s['graph_ms']:.3g}" if s["graph_ms"] else "—"]
-                        for s in predicted["stages"]]), "",
+                       [[f"`{s['stage']}`" + (" ¹" if s.get("unmodelled") else ""), names(s["model"], s["batch_size"]),
+                         f"{s['phase_by_phase_ms']:.3g}", f"{s['back_to_back_ms']:.3g}",
+                         f"{s['graph_ms']:.3g}" if s["graph_ms"] else "—"] for s in predicted["stages"]]), "",
+              *([f"¹ A lower bound: no work model (`cnn/bench/predict_work.py`'s `WORK`) for "
+                 f"{', '.join(sorted({f'`{k}`' for s in predicted['stages'] for k in s.get('unmodelled', [])}))}, "
+                 f"whose arithmetic loops are then counted as run once a thread.", ""]
+                if any(s.get("unmodelled") for s in predicted["stages"]) else []),
               "Stage 7's ablation, the rows tiled-conv changes (PREDICTED, back to back; × what the fix buys: the "
               "row's time against the same variant without tiled-conv — cuda-ring for the first row, the fixes "
               "before it for the second):", "",
@@ -213,6 +222,35 @@ def docs_block(out_dir, page: Path) -> str:
                        [[t["variant"], names(t["model"], t["batch_size"]), f"{t['baseline_ms']:.3g}", f"{t['ms']:.3g}",
                          times(t["speedup_vs_baseline"])] for t in predicted["tiled_conv"]])]
     return "\n".join(parts)
+
+
+def stage7_block(out_dir, page: Path) -> str:
+    """Stage 7's docstring: its PREDICTED step and what tiled-conv is PREDICTED to buy (predict-h100-sm90.json)."""
+    path = Path(out_dir) / RESULTS_NAME
+    if not path.exists():
+        return "No prediction yet: python -m cnn bench --predict."
+    result = json.loads(path.read_text())
+    lines = [f"    PREDICTED, not measured ({path.as_posix()}, commit {result.get('commit')}; the model's error on every",
+             f"    committed H100 step of stages 4-7 is at most {worst_bench_ratio(out_dir):.2f}x):"]
+    for row in result["predicted"]["stages"]:
+        if row["stage"] == "cuda-tuned":
+            lines.append(f"        {row['model']} b{row['batch_size']}: {row['graph_ms']:.3g} ms a step as one CUDA graph, "
+                         f"{row['back_to_back_ms']:.3g} ms launched kernel by kernel")
+    for row in result["predicted"]["tiled_conv"]:
+        lines.append(f"        {row['model']} b{row['batch_size']}, ablation '{row['variant']}': tiled-conv buys "
+                     f"x{row['speedup_vs_baseline']:.2f} ({row['baseline_ms']:.3g} -> {row['ms']:.3g} ms)")
+    return "\n".join(lines)
+
+
+def session_of(name: str) -> str:
+    from cnn.bench.results import run_tag
+
+    tag = run_tag(name)
+    return f"commit {tag}" if tag else "the later run of that day"
+
+
+def kernels_of(point: dict) -> str:
+    return f"commit {point['commit']}" if point["commit"] else "this checkout's (unchanged since)"
 
 
 def worst_bench_ratio(out_dir) -> float:

@@ -137,6 +137,10 @@ def sum_splits(launch, ref):                         # (partial, dw, db): a thre
     return {**plain(launch, ref), "trips": shape(launch["args"][0])[0]}
 
 
+def rows_a_thread(launch, ref):                      # softmax_xent_kernel (logits, …): a block, a thread a row
+    return {**plain(launch, ref), "trips": max(1.0, shape(launch["args"][0])[0] / threads(launch))}
+
+
 WORK = {
     "conv2d_forward_kernel": conv_forward,
     "conv2d_backward_data_kernel": conv_backward_data,
@@ -152,6 +156,7 @@ WORK = {
     "gather_step_batch_kernel": gather,
     "bias_grad_kernel": strided_sum,
     "sum_splits_kernel": sum_splits,
+    "softmax_xent_kernel": rows_a_thread,
 }
 
 

@@ -235,7 +235,9 @@ def record(stage_name: str, model: str, batch: int, fixes: str | None) -> dict:
         stage.synchronize()
         back_to_back = recorder.describe_launches(recorder.launches)
         steps_per_sync = getattr(stage, "steps_per_sync", 1)
-    return {"stage": stage_name, "model": model, "batch_size": batch, "fixes": fixes,
+    modules = sorted({os.path.relpath(module.__file__) for name, module in sys.modules.items()
+                      if (name == "kernels" or name.startswith("kernels.")) and getattr(module, "__file__", None)})
+    return {"stage": stage_name, "model": model, "batch_size": batch, "fixes": fixes, "kernel_modules": modules,
             "phase_by_phase": phase_by_phase, "back_to_back": back_to_back, "steps_per_sync": steps_per_sync}
 
 

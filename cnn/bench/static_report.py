@@ -78,13 +78,15 @@ def type_key(description):
     return description
 
 
-def tree_digest(tree: Path) -> str:
-    """A digest of the tree's ``kernels/`` sources and the compiler versions: a cached kernel is valid while it holds."""
+def tree_digest(tree: Path, modules=None) -> str:
+    """A digest of the tree's kernel sources (``modules``: the files a recorded step imported; default every
+    file of ``kernels/``) and the compiler versions: a cached kernel is valid while it holds."""
     from importlib.metadata import version
 
     digest = hashlib.sha256(f"{version('numba-cuda')} {version('numba')}".encode())
-    for path in sorted((tree / "kernels").rglob("*.py")):
-        digest.update(path.relative_to(tree).as_posix().encode() + path.read_bytes())
+    paths = [tree / module for module in modules] if modules else sorted((tree / "kernels").rglob("*.py"))
+    for path in sorted(paths):
+        digest.update(path.relative_to(tree).as_posix().encode() + (path.read_bytes() if path.exists() else b""))
     return digest.hexdigest()[:16]
 
 
@@ -93,9 +95,10 @@ def job_key(launch: dict) -> str:
 
 
 # -- steps 2 to 4, cached ---------------------------------------------------------------------------
-def analyse(jobs: list[dict], tree: Path = ROOT, progress=None) -> list[dict]:
-    """{"resources", "mix" (static_sass.loop_mix), "error"} of each job ({"kernel", "args"}), cached."""
-    digest = tree_digest(tree)
+def analyse(jobs: list[dict], tree: Path = ROOT, progress=None, modules=None) -> list[dict]:
+    """{"resources", "mix" (static_sass.loop_mix), "error"} of each job ({"kernel", "args"}), cached under the
+    digest of ``modules`` (the kernel sources the step imported)."""
+    digest = tree_digest(tree, modules)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     paths = [CACHE_DIR / f"{hashlib.sha256((digest + job_key(job)).encode()).hexdigest()[:24]}.json" for job in jobs]
     missing = [number for number, path in enumerate(paths) if not path.exists()]
@@ -149,18 +152,20 @@ def static_report(stage: str, model: str, batch: int, fixes: str | None = None, 
     every = [launch for launch in recorded["phase_by_phase"] + (recorded["back_to_back"] or []) if "copy" not in launch]
     keys = list(dict.fromkeys(job_key(launch) for launch in every))
     first = {job_key(launch): launch for launch in reversed(every)}
-    analyses = analyse([first[key] for key in keys], tree, progress)
+    analyses = analyse([first[key] for key in keys], tree, progress, recorded.get("kernel_modules"))
     kernels = []
+    phased = [launch for launch in recorded["phase_by_phase"] if "copy" not in launch]
     for key, analysis in zip(keys, analyses):
         mine = [launch for launch in launches if job_key(launch) == key]
         kernels.append({"function": first[key]["function"], "ref": first[key]["kernel"],
-                        "launches_per_step": len(mine), **analysis,
+                        "launches_per_step": len(mine),
+                        "launches_phase_by_phase": sum(job_key(launch) == key for launch in phased), **analysis,
                         "occupancy": occupancies(analysis, mine or [first[key]])})
     for launch in every:
         launch["kernel"] = keys.index(job_key(launch))
     return {"stage": stage, "model": model, "batch_size": batch, "fixes": recorded["fixes"], "kernels": kernels,
             "phase_by_phase": recorded["phase_by_phase"], "back_to_back": recorded["back_to_back"],
-            "steps_per_sync": recorded["steps_per_sync"]}
+            "steps_per_sync": recorded["steps_per_sync"], "kernel_modules": recorded.get("kernel_modules")}
 
 
 def occupancies(analysis: dict, launches: list[dict]) -> list[dict]:
@@ -204,7 +209,10 @@ def kernel_row(kernel: dict) -> list[str]:
     def per_ffma(count):
         return f"{count / hot['ffma']:.2f}" if hot and hot["ffma"] else "—"
 
-    return [f"`{kernel['function']}`", str(kernel["launches_per_step"]), str(resources["registers"]),
+    launches = str(kernel["launches_per_step"]) or "0"
+    if not kernel["launches_per_step"]:
+        launches = f"0 ({kernel.get('launches_phase_by_phase', 0)} phase by phase)"
+    return [f"`{kernel['function']}`", launches, str(resources["registers"]),
             f"{resources['spill_stores']}/{resources['spill_loads']}", str(resources["stack"]),
             " / ".join(str(o["shared"]) for o in occupancy[:1]) + ("…" if len(occupancy) > 1 else ""),
             span(blocks), span(percents, "%") + f" ({occupancy[0]['limited_by']})" if occupancy else "",

@@ -17,13 +17,13 @@ at any batch size and layer width; bytes are per sample:
     per training step                          LeNet-5               AlexNet-small
                                         cuda-ring  cuda-tuned   cuda-ring  cuda-tuned
     kernel launches                            26          21          30          26
-    array arguments of those launches          81          95          96         118
+    array arguments of those launches          81         110          96         142
     host→device copies                          2        0.25           2        0.25
       bytes per sample                       3140           1       12292           1
     device→host copies (besides the ring)       1         0.5           1         0.5
     device allocations after warm-up            0           0           0           0
-    host launch µs, numba-cuda#288's rate   455.1       471.1       534.0       584.6
-    host launch µs, H100-measured rate     1190.1      1213.9      1394.8      1506.1
+    host launch µs, numba-cuda#288's rate   455.1       523.6       534.0       668.6
+    host launch µs, H100-measured rate     1190.1      1342.0      1394.8      1711.2
 
 (Counted in the simulator with ``--reduced``, on the narrow copies of the two networks that the
 tests use — same layers, so the same launches and arguments; the bytes are the full-size images'
@@ -93,7 +93,13 @@ The fixes (``FIXES``, in the order the ablation adds them)
                     and a block of results in each thread's registers; bias, ReLU and pooling are
                     applied in registers; dX is pulled, dW split over blocks and summed in a fixed
                     order: no atomics, so a run is the same bit for bit every time. The dense layers go
-                    through the same product (``kernels/dense_gemm.py``).
+                    through the same product (``kernels/dense_gemm.py``). Measured at commit ecf7081 it
+                    made both networks slower (0.53x LeNet-5, 0.82x AlexNet-small alone, below): the
+                    loaders divided integers for every element, and numba-cuda typed a 14-number tuple
+                    three times a launch. Rewritten after the static sm_90 report (issue 22,
+                    ``python -m cnn bench --static cuda-tuned``): no integer division in any loop, no
+                    branch around a load, the next k-slice loaded while this one is multiplied, the
+                    layer's sizes in one small array — PREDICTED below, not yet measured on a GPU.
     device-epoch    the trainer's loop moves to the device: each step's batch, learning rate and loss
                     are looked up or written by the kernels at a step counter in device memory
                     (``kernels/device_epoch.py``, ``cnn/stages/device_epoch.py``); the host asks for
@@ -103,6 +109,21 @@ The fixes (``FIXES``, in the order the ablation adds them)
                     CUDA graph and replayed: one launch a step instead of one per kernel
                     (``kernels/step_graph.py``; one graph per gradient slot of the ring). In the
                     simulator, which cannot record, the same step runs eagerly.
+
+What the rewritten tiled-conv is PREDICTED to do on the H100 — from the machine code, by the model of
+``cnn/bench/predict_step.py`` calibrated on the committed measurements (``python -m cnn bench --predict``
+writes it; ``sh benchmarks/gpu_session.sh predict`` measures it):
+
+<!-- generated:prediction start -->
+    PREDICTED, not measured (benchmarks/results/predict-h100-sm90.json, commit 00836b3+; the model's error on every
+    committed H100 step of stages 4-7 is at most 1.46x):
+        lenet5 b64: 0.641 ms a step as one CUDA graph, 2.73 ms launched kernel by kernel
+        alexnet-small b128: 2.89 ms a step as one CUDA graph, 3.41 ms launched kernel by kernel
+        lenet5 b64, ablation '+ tiled-conv alone': tiled-conv buys x1.07 (3.2 -> 2.98 ms)
+        lenet5 b64, ablation '…, launch-config, tiled-conv': tiled-conv buys x0.76 (2.06 -> 2.71 ms)
+        alexnet-small b128, ablation '+ tiled-conv alone': tiled-conv buys x3.21 (14.6 -> 4.54 ms)
+        alexnet-small b128, ablation '…, launch-config, tiled-conv': tiled-conv buys x2.12 (8.69 -> 4.1 ms)
+<!-- generated:prediction end -->
 
 The profile after, and what each fix bought
 -------------------------------------------
