@@ -200,13 +200,31 @@ def stage7_block(out_dir, page: Path) -> str:
 
 STAGE7 = Path("cnn/stages/s7_cuda_tuned.py")
 
+
+def static_block(out_dir, page: Path) -> str:
+    from cnn.bench.static_report import docs_block
+    return docs_block(out_dir, page)
+
+
+def prediction_block(out_dir, page: Path) -> str:
+    from cnn.bench.predict_report import docs_block
+    return docs_block(out_dir, page)
+
+
+def stage7_prediction_block(out_dir, page: Path) -> str:
+    from cnn.bench.predict_report import stage7_block
+    return stage7_block(out_dir, page)
+
+
 #: (file, block name, renderer): every block ``--update-docs`` writes
 BLOCKS = ((BENCHMARKS, "bench-tables", bench_tables_block), (BENCHMARKS, "gpu-findings", findings_block),
           (BENCHMARKS, "skipped", skipped_block),
           (PROFILING, "gpu-findings", findings_block), (PROFILING, "ncu-kernels", kernels_block),
           (PROFILING, "ablation", ablation_block), (PROFILING, "pytorch", pytorch_block),
           (PROFILING, "training", training_block), (PROFILING, "copies", copies_block),
-          (STAGE5, "gpu-table", stage5_block), (STAGE7, "gpu-profile", stage7_block))
+          (STAGE5, "gpu-table", stage5_block), (STAGE7, "gpu-profile", stage7_block),
+          (PROFILING, "static-sm90", static_block), (PROFILING, "prediction", prediction_block),
+          (STAGE7, "prediction", stage7_prediction_block))
 
 
 def render(text: str, source: str, name: str, body: str) -> str:
