@@ -52,7 +52,7 @@ from pathlib import Path
 from cnn.parallel import hosts
 
 PROG = "python -m cnn.parallel.launch"
-MULTI_HOST_FAULT_FLAGS = ["--mca", "mpi_ft_enable", "1"]
+MULTI_HOST_FAULT_FLAGS = ["--mca", "mpi_ft_enable", "1", "--initial-errhandler", "mpi_errors_return"]
 """Across hosts the ranks talk over TCP, and Open MPI's TCP transport aborts the whole job when a
 peer's socket closes, ``recoverable`` or not; with its fault-tolerance layer (ULFM) enabled it
 reports the failure to the survivors instead, as an error of the request that involved the dead

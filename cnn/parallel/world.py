@@ -50,11 +50,13 @@ from mpi4py import MPI
 
 from cnn.parallel.launch import usable_cores
 
-TAG_ALIVE, TAG_SUMMARY, TAG_DONE = 9001, 9002, 9004   # reserved; strategies use tags below 100 (resume: 9003)
+TAG_ALIVE, TAG_SUMMARY, TAG_DONE, TAG_ROLL = 9001, 9002, 9004, 9005   # reserved; strategies use tags below 100
 SPIN_SECONDS = 0.005       # spin this long before napping: longer than an exchange that is not waiting for anyone
 FIRST_NAP, LONGEST_NAP = 20e-6, 1e-3
 ROLL_CALL_PATIENCE = 0.5   # × timeout: how long a roll call waits for a rank that does not answer
-SUSPECT_GRACE = 0.1        # × timeout: ... and for a rank that some survivor already found silent
+SUSPECT_GRACE = 0.25       # × timeout: ... and for a rank that some survivor already found silent (or
+                           # once no answer has come for that long: a live rank on a loaded machine may
+                           # need a few hundred milliseconds to be scheduled and answer)
 
 
 def wait_until(condition, seconds: float, yield_core: bool = True, spin: float | None = None) -> bool:
@@ -128,8 +130,9 @@ class World:
         self.suspects: set[int] = set()          # ranks some survivor found silent (they may still be alive)
         self.oversubscribed = ranks_on_this_node(self.size) > usable_cores()
         self.reporter = 0                         # the rank that gathers the summary (the writer after a loss)
-        self._roll_call = None                    # the receive that hears a roll call started elsewhere
-        self._roll_call_token = np.zeros(self.size + 1, np.int64)
+        self._roll_call = None                    # the receive that hears a roll call started elsewhere ...
+        self._listen_buffer = None                # ... into this buffer
+        self._heard: list[np.ndarray] = []        # tokens heard and not yet counted by a roll call
 
     # -- logging: rank 0 speaks, the others stay quiet ------------------------------------------
     def log(self, message: str) -> None:
@@ -145,16 +148,25 @@ class World:
         """From now on every wait also hears a roll call that another survivor starts (``survivors``),
         and ends with ``PeerLost`` at once instead of waiting out its own timeout."""
         if self._roll_call is None and self.size > 1:
-            self._roll_call = self.comm.Irecv(self._roll_call_token, source=MPI.ANY_SOURCE, tag=TAG_ALIVE)
+            self._listen_buffer = np.zeros(self.size + 1, np.int64)
+            self._roll_call = self.comm.Irecv(self._listen_buffer, source=MPI.ANY_SOURCE, tag=TAG_ALIVE)
 
     def _heard_roll_call(self) -> bool:
-        """Whether a roll-call token came (with ULFM the listener, a receive from any source, also
-        reports any peer's failure: acknowledged, and left to the requests that involve the peer)."""
+        """Whether a roll-call token came (kept in ``_heard``; the listener is posted again). With ULFM
+        the listener, a receive from any source, also reports any peer's failure: acknowledged, and
+        left to the requests that involve the peer."""
+        if self._roll_call is None:
+            return False
         try:
-            return self._roll_call is not None and self._roll_call.Test()
+            if not self._roll_call.Test():
+                return False
         except MPI.Exception:
-            self._acknowledge_failures()      # the listener stays posted and can still hear a token; the
-            return False                      # failure itself is for the requests that involved the peer
+            self._acknowledge_failures()      # the listener stays posted and can still hear a token
+            return False
+        self._heard.append(self._listen_buffer)
+        self._roll_call = None
+        self.listen_for_roll_calls()
+        return True
 
     def _acknowledge_failures(self) -> None:
         """ULFM: acknowledge the failures MPI reported, so that a receive from any source can match again."""
@@ -164,8 +176,8 @@ class World:
             pass
 
     def _roll_call_started(self) -> PeerLost:
-        caller = int(self._roll_call_token[0])
-        suspects = [r for r in range(self.size) if self._roll_call_token[1 + r]]
+        caller = int(self._heard[-1][0])
+        suspects = [r for r in range(self.size) if self._heard[-1][1 + r]]
         self.suspects.update(suspects)
         who = f" (rank{'s' if len(suspects) > 1 else ''} {', '.join(map(str, suspects))} silent)" if suspects else ""
         return PeerLost(f"rank {self.rank}: rank {caller} started a roll call{who}", suspects)
@@ -301,43 +313,35 @@ class World:
         """The ranks that answer a roll call; every survivor calls this after PeerLost.
 
         Each survivor sends a token — its rank and the ranks it found silent — to every other rank
-        and listens for theirs. The first token a waiting rank receives ends its wait at once
-        (``listen_for_roll_calls``), so the survivors meet within moments of the first one noticing.
+        twice: once to wake it (the listener every wait tests, ``listen_for_roll_calls``: a waiting
+        rank ends its wait at once, so the survivors meet within moments of the first one noticing),
+        once as its answer, received from that rank alone on a tag of its own (with ULFM a receive
+        from any source stalls once a peer has failed, so it cannot be what counts the answers).
         The roll call ends when every rank has answered, or, after ``SUSPECT_GRACE`` of a timeout,
         when the ranks still silent are all suspects (some survivor found them silent) or no answer
         has come for that long; ``ROLL_CALL_PATIENCE`` timeouts at most. A live rank is waiting too,
-        or one step's compute away from it, and answers at once. (Agreeing on who is alive is
-        itself a distributed problem; ULFM's MPI_Comm_agree solves it properly. This roll call is
-        enough when the timeout is well above a step's compute: the default is 60 s.)
+        or one step's compute away from it, and answers at once. (Agreeing on who is alive is itself
+        a distributed problem; ULFM's MPI_Comm_agree solves it properly. This roll call is enough
+        when the timeout is well above a step's compute: the default is 60 s.)
         """
         self.suspects.update(suspects)
-        others = [r for r in range(self.size) if r != self.rank and r not in self.lost]
         answered = {self.rank}
-        inbox = {}
-        if self._roll_call is not None:            # the token that woke us, or one that came meanwhile
-            try:
-                if self._roll_call.Test() or self._stop_listening():
-                    answered.add(int(self._roll_call_token[0]))
-                    self.suspects.update(r for r in range(self.size) if self._roll_call_token[1 + r])
-            except MPI.Exception:                  # ULFM: a receive from any source fails with any peer
-                self._acknowledge_failures()
-                try:
-                    if self._stop_listening():
-                        answered.add(int(self._roll_call_token[0]))
-                        self.suspects.update(r for r in range(self.size) if self._roll_call_token[1 + r])
-                except MPI.Exception:
-                    pass
+        if self._roll_call is not None:           # the listener is done with: a stalled receive from any
+            self._acknowledge_failures()          # source (ULFM) would hold up the answers behind it
+            self.cancel(self._roll_call, "roll-call listener")
             self._roll_call = None
+        failed = self._failed_by_mpi()
+        others = [r for r in range(self.size) if r != self.rank and r not in self.lost]
         token = np.zeros(self.size + 1, np.int64)
         token[0] = self.rank
-        token[1 + np.array(sorted(self.suspects), dtype=np.int64)] = 1
-        sends, pending, failed = {}, {}, set()
-        for other in others:
+        token[1 + np.array(sorted(self.suspects | failed), dtype=np.int64)] = 1
+        sends, pending, inbox = [], {}, {}
+        for other in [r for r in others if r not in failed]:     # a send to a dead peer over TCP can abort
             try:
-                sends[other] = self.comm.Isend(token, dest=other, tag=TAG_ALIVE)
-                if other not in answered:
-                    inbox[other] = np.zeros(self.size + 1, np.int64)
-                    pending[other] = self.comm.Irecv(inbox[other], source=other, tag=TAG_ALIVE)
+                sends += [self.comm.Isend(token, dest=other, tag=TAG_ROLL),      # the answer first
+                          self.comm.Isend(token, dest=other, tag=TAG_ALIVE)]
+                inbox[other] = np.zeros(self.size + 1, np.int64)
+                pending[other] = self.comm.Irecv(inbox[other], source=other, tag=TAG_ROLL)
             except MPI.Exception:             # MPI knows it failed (ULFM)
                 failed.add(other)
         started = last_answer = time.monotonic()
@@ -350,7 +354,7 @@ class World:
                 try:
                     if not pending[other].Test():
                         continue
-                except MPI.Exception:
+                except MPI.Exception:         # its failure, reported by MPI (ULFM)
                     failed.add(other)
                     del pending[other]
                     continue
@@ -366,20 +370,26 @@ class World:
 
         wait_until(settled, ROLL_CALL_PATIENCE * self.timeout, self.oversubscribed)
         for other, request in pending.items():
-            self.cancel(request, f"roll-call token of rank {other}")
-        self.lost.update(pending, failed)
-        wait_until(lambda: all(sends[r].Test() for r in answered if r in sends), 1.0, self.oversubscribed)
+            self.cancel(request, f"roll-call answer of rank {other}")
+        self.lost.update(r for r in others if r not in answered)
+        wait_until(lambda: all(self._completed(send) for send in sends), 1.0, self.oversubscribed)
         return sorted(answered - self.lost)
 
-    def _stop_listening(self) -> bool:
-        """Cancel the roll-call listener; True (and the token in ``_roll_call_token``) if it had
-        received one meanwhile."""
-        if self._roll_call == MPI.REQUEST_NULL:    # completed already: a token was received
+    def _failed_by_mpi(self) -> set[int]:
+        """The ranks MPI itself knows have failed (ULFM's MPI_Comm_get_failed; empty without ULFM)."""
+        try:
+            group = self.comm.Get_failed()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), self.comm.Get_group())
+        except (NotImplementedError, MPI.Exception):
+            return set()
+        return {rank for rank in ranks if rank != MPI.UNDEFINED}
+
+    @staticmethod
+    def _completed(request) -> bool:
+        try:
+            return request.Test()
+        except MPI.Exception:
             return True
-        self._roll_call.Cancel()
-        status = MPI.Status()
-        wait_until(lambda: self._roll_call.Test(status), 1.0, self.oversubscribed)
-        return not status.Is_cancelled()
 
     def gather_objects(self, value, root: int = 0, patience: float = 10.0) -> dict[int, object] | None:
         """Root gets {rank: value} from every rank that is not lost and answers in time; others get None.
@@ -420,19 +430,23 @@ class World:
         """
         if not self.lost:
             if self._roll_call is not None:
-                self._stop_listening()
+                self.cancel(self._roll_call, "roll-call listener")
                 self._roll_call = None
             sys.stdout.flush()
             sys.stderr.flush()
             return code
         done = np.zeros(1, np.int64)
-        if self.rank == self.reporter:
-            others = [r for r in range(self.size) if r != self.rank and r not in self.lost]
-            sends = [self.comm.Isend(done, dest=r, tag=TAG_DONE) for r in others]
-            wait_until(lambda: MPI.Request.Testall(sends), 1.0, self.oversubscribed)
-        elif self.reporter not in self.lost:
-            request = self.comm.Irecv(done, source=self.reporter, tag=TAG_DONE)
-            wait_until(request.Test, self.timeout, self.oversubscribed)
+        try:
+            if self.rank == self.reporter:    # every rank MPI does not know dead: one the roll call missed too
+                gone = self._failed_by_mpi()
+                others = [r for r in range(self.size) if r != self.rank and r not in gone]
+                sends = [self.comm.Isend(done, dest=r, tag=TAG_DONE) for r in others]
+                wait_until(lambda: all(self._completed(send) for send in sends), 1.0, self.oversubscribed)
+            elif self.reporter not in self.lost:
+                request = self.comm.Irecv(done, source=self.reporter, tag=TAG_DONE)
+                wait_until(lambda: self._completed(request), self.timeout, self.oversubscribed)
+        except MPI.Exception:                 # the writer's or a peer's failure (ULFM): leave all the same
+            pass
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
