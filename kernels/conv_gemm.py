@@ -258,11 +258,14 @@ def grad_row(src, f):
 
 
 @cuda.jit(device=True)
-def grad_load(src, row, k):
-    """A[f, k] = dz[n, f, ci, cj] at position k = (n, ci, cj) (dz flat)."""
-    dz, positions, g = src
+def table_row_load(src, row, k):
+    """a_load of dW and dX: A[row, k] = values[table[k, 0] + the row's offset] (values flat).
+
+    dW: values = dz, table = positions: dz[n, f, ci, cj] at position k = (n, ci, cj), row f.
+    dX: values = w, table = filter_taps: w[f, c, p, q] at k = (f, p, q), row c."""
+    values, table, g = src
     valid, offset = row
-    value = dz[uint32(positions[uint32(k), 0] + offset)]
+    value = values[uint32(table[uint32(k), 0] + offset)]
     return value if valid else float32(0.0)
 
 
@@ -290,7 +293,7 @@ def tap_load(src, col, k):
     return float32(1.0) if kind == 1 else float32(0.0)
 
 
-WEIGHT_GRADS = (grad_row, grad_load, tap_setup, tap_load, store_partial)
+WEIGHT_GRADS = (grad_row, table_row_load, tap_setup, tap_load, store_partial)
 
 
 @cuda.jit
@@ -316,15 +319,6 @@ def channel_row(src, c):
     """a_setup of dX: (valid, channel c's offset in a filter)."""
     w, filter_taps, g = src
     return c < g[CHANNELS], min(c, g[CHANNELS] - 1) * (g[KERNEL] * g[KERNEL])
-
-
-@cuda.jit(device=True)
-def filter_tap_load(src, row, k):
-    """A[c, k] = w[f, c, p, q] for k = (f, p, q) (w flat)."""
-    w, filter_taps, g = src
-    valid, offset = row
-    value = w[uint32(filter_taps[uint32(k), 0] + offset)]
-    return value if valid else float32(0.0)
 
 
 @cuda.jit(device=True)
@@ -375,7 +369,7 @@ def pixel_store(out, c, channels_step, col, threads_n, acc):
                     n += 1
 
 
-DATA_GRADS = (channel_row, filter_tap_load, pixel_setup, window_grad_load, pixel_store)
+DATA_GRADS = (channel_row, table_row_load, pixel_setup, window_grad_load, pixel_store)
 
 
 # -- tiles, splits, and the host functions the stage calls ---------------------------------------
