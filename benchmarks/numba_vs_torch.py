@@ -1,8 +1,9 @@
-"""One training step on the CPU: stage ``numba-cpu`` against PyTorch's CPU build, on 1 and on all threads, idle or loaded.
+"""One training step on the CPU: stage ``numba-cpu`` against PyTorch's CPU build, on 1 and on all threads, with one core kept busy or not.
 
     python benchmarks/numba_vs_torch.py [--model lenet5] [--batch 64] [--repeats 60] [--threads 1,2]
                                         [--loaded] [--rows numba-cpu,numba-cpu-layers,torch-cpu,numpy]
                                         [--threading-layer omp] [--out results]
+    python benchmarks/numba_vs_torch.py --versions aefc889,HEAD [--rounds 3] [--threads 1]
 
 Timed in ONE process, on the same batches, from the same initial parameters: stage
 ``numba-cpu`` (each thread takes blocks of samples through the whole network: one parallel
@@ -17,15 +18,21 @@ load hits all of them alike; each turn starts with an untimed step.
 
 ``--loaded`` starts a competing process that keeps one core busy (a Python busy loop) for the
 whole measurement: what a laptop with other work running looks like, and what makes threads
-that wait at a barrier for a descheduled one collapse. PyTorch runs with its own defaults (its
+that wait at a barrier for a descheduled one collapse. Without it the machine is as it is: the
+1-minute load average in the file says whether other work ran. PyTorch runs with its own defaults (its
 OpenMP threads spin while they wait); stage 3 asks for Numba's OpenMP layer with the passive wait
 policy (``kernels/cpu/thread_pool.py``); ``--threading-layer`` picks Numba's layer by hand.
 
 Reported per row: median, 10th and 90th percentile, minimum; the ratios numba-cpu / torch-cpu
 at each thread count (below 1: Numba is faster), and each implementation's all-threads /
 1-thread ratio (above 1: more threads made it slower). Writes
-``<out>/numba_vs_torch-<model>-b<batch>-<idle|loaded>-<host>-<date>.json`` (``--out``: default
+``<out>/numba_vs_torch-<model>-b<batch>-<no-competitor|loaded>-<host>-<date>.json`` (``--out``: default
 ``results/``, git-ignored; the committed runs are in benchmarks/results/) and prints a table.
+``--versions`` measures what changes to the code bought instead: each commit's ``cnn/`` and
+``kernels/`` are taken out with ``git archive`` into a temporary folder, and a fresh process per
+version times stage ``numba-cpu`` (``--rounds`` rounds, the versions taking turns; the first
+round, which compiles, is dropped), reporting the wall clock and the thread's CPU time a step.
+
 Real MNIST batches for LeNet-5 when the data is found (``cnn.data.load_mnist``, no download);
 random normal images otherwise (AlexNet-small always: the timing does not depend on pixel values).
 """
@@ -115,10 +122,11 @@ def set_threads(count: int) -> None:
         sys.modules["torch"].set_num_threads(count)
 
 
-def time_in_turns(steps, thread_counts, batches: int, repeats: dict, warmup: int, per_turn: int = 5) -> dict:
+def time_in_turns(steps, thread_counts, batches: int, repeats: dict, warmup: int, per_turn: int = 3) -> dict:
     """Seconds per step for each (implementation, threads) row, ``per_turn`` timed steps at a time, taking turns.
 
-    Taking turns spreads any change in machine load over all rows; each turn starts with one
+    Taking turns, in a new random order each turn, spreads any change in machine load over all rows
+    (a fixed order can lock onto the rhythm of another process's time slices); each turn starts with one
     untimed step, so that a thread pool left spinning by the previous row has gone quiet (and
     the new thread count is in place) before the clock starts.
     """
@@ -128,9 +136,10 @@ def time_in_turns(steps, thread_counts, batches: int, repeats: dict, warmup: int
         for k in range(warmup):
             steps[name](k % batches)
     times = {row: [] for row in rows}
-    k = 0
+    k, shuffle = 0, np.random.default_rng(0)
     while any(len(times[row]) < repeats[row[0]] for row in rows):
-        for row in rows:
+        for index in shuffle.permutation(len(rows)):
+            row = rows[index]
             name, threads = row
             if len(times[row]) >= repeats[name]:
                 continue
@@ -170,6 +179,74 @@ def start_competitor():
     return subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
 
 
+VERSION_STEP = r"""
+import json, sys, time
+import numba, numpy as np
+numba.set_num_threads(int(sys.argv[1]))
+from cnn.model import NETWORKS
+from cnn.stages import get_stage
+net, batch = NETWORKS[sys.argv[2]](), int(sys.argv[3])
+rng = np.random.default_rng(0)
+x = rng.normal(size=(batch, *net.input_shape)).astype(np.float32)
+y = rng.integers(0, 10, batch)
+stage = get_stage("numba-cpu")(net, np.float32).init("he", seed=0)
+for _ in range(3):
+    stage.train_step(x, y, 0.001)
+wall, cpu = [], []
+for _ in range(int(sys.argv[4])):
+    started, started_cpu = time.perf_counter(), time.thread_time()
+    stage.train_step(x, y, 0.001)
+    wall.append(time.perf_counter() - started)
+    cpu.append(time.thread_time() - started_cpu)
+print(json.dumps({"wall_median_ms": float(np.median(wall) * 1e3), "wall_min_ms": float(min(wall) * 1e3),
+                  "cpu_mean_ms": float(np.mean(cpu) * 1e3)}))
+"""
+
+
+def compare_versions(args) -> int:
+    """Stage numba-cpu of each commit in ``args.versions``, a fresh process each, the versions taking turns."""
+    import tempfile
+
+    runs = {version: [] for version in args.versions}
+    with tempfile.TemporaryDirectory() as folder:
+        for version in args.versions:
+            tree = Path(folder) / version.replace("/", "_")
+            tree.mkdir()
+            archive = subprocess.run(["git", "archive", version, "cnn", "kernels"], cwd=REPOSITORY,
+                                     capture_output=True, check=False)
+            if archive.returncode:
+                print(f"--versions: git cannot read {version!r}: {archive.stderr.decode().strip()[:200]}",
+                      file=sys.stderr)
+                return 2
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        load_before = os.getloadavg()[0]
+        for round_number in range(args.rounds + 1):          # round 0 compiles each version's kernels: dropped
+            for version in args.versions:
+                tree = Path(folder) / version.replace("/", "_")
+                child = subprocess.run([sys.executable, "-c", VERSION_STEP, str(max(args.threads)), args.model,
+                                        str(args.batch), str(args.repeats)], cwd=tree, capture_output=True,
+                                       text=True, env=dict(os.environ, PYTHONPATH=str(tree)))
+                if child.returncode:
+                    print(f"--versions: {version} failed: {child.stderr.strip().splitlines()[-1][:300]}",
+                          file=sys.stderr)
+                    return 1
+                if round_number:
+                    runs[version].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    print(f"numba-cpu, {args.model} batch {args.batch}, {max(args.threads)} thread(s), {args.repeats} steps a round, "
+          f"{args.rounds} rounds; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    previous = None
+    for version, rounds in runs.items():
+        cpu = [r["cpu_mean_ms"] for r in rounds]
+        line = (f"  {version:12s} CPU {min(cpu):.2f}-{np.median(cpu):.2f}-{max(cpu):.2f} ms/step (min-median-max), "
+                f"wall median {np.median([r['wall_median_ms'] for r in rounds]):.2f} ms")
+        if previous:
+            ratio = [now / before for now, before in zip(cpu, previous)]
+            line += f"; CPU x the previous, round by round: {min(ratio):.2f}-{np.median(ratio):.2f}-{max(ratio):.2f}"
+        print(line)
+        previous = cpu
+    return 0
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("lenet5", "alexnet-small"), default="lenet5")
@@ -182,7 +259,10 @@ def parse_args(argv):
     parser.add_argument("--loaded", action="store_true", help="keep one core busy with another process meanwhile")
     parser.add_argument("--threading-layer", default=None, help="Numba's threading layer (omp, tbb, workqueue)")
     parser.add_argument("--out", type=Path, default=REPOSITORY / "results")
+    parser.add_argument("--versions", default=None, help="commits to compare, comma-separated (see above)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --versions: rounds of turns")
     args = parser.parse_args(argv)
+    args.versions = [v.strip() for v in args.versions.split(",") if v.strip()] if args.versions else None
     args.rows = [row.strip() for row in args.rows.split(",") if row.strip()]
     unknown = sorted(set(args.rows) - set(ROWS))
     if unknown:
@@ -199,6 +279,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.versions:
+        return compare_versions(args)
     if "torch-cpu" in args.rows:
         try:
             import torch  # noqa: F401  (first, so that PyTorch's OpenMP starts with its own defaults)
@@ -264,7 +346,7 @@ def main(argv=None) -> int:
         "machine": machine_info(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    state = "loaded" if args.loaded else "idle"
+    state = "loaded" if args.loaded else "no-competitor"
     path = args.out / (f"numba_vs_torch-{args.model}-b{args.batch}-{state}-{socket.gethostname()}-"
                        f"{datetime.date.today().isoformat()}.json")
     from cnn.atomic import replaced_on_success
@@ -272,7 +354,8 @@ def main(argv=None) -> int:
     with replaced_on_success(path) as temporary:
         temporary.write_text(json.dumps(record, indent=2) + "\n")
 
-    print(f"{net.name}, batch {args.batch}, {state}" + (" (one core kept busy by another process)" if competitor else ""))
+    print(f"{net.name}, batch {args.batch}, " + ("one core kept busy by another process" if competitor else
+                                               "no competing process of ours (the machine as it is)"))
     for row, result in results.items():
         print(f"  {row:22s} {result['median_ms']:9.2f} ms/step  (p10 {result['p10_ms']:.2f}, "
               f"p90 {result['p90_ms']:.2f}, min {result['min_ms']:.2f}, n={result['repeats']})")

@@ -288,3 +288,19 @@ def test_unknown_schedule_is_one_line():
     with pytest.raises(ValueError, match=r"^stage 'numba-cpu': schedule must be one of \('blocks', 'layers'\), "
                                          r"not 'rows'$"):
         NumbaCpuStage(lenet5(), np.float32, schedule="rows")
+
+
+@pytest.mark.parametrize("schedule", ["blocks", "layers"])
+def test_input_grad_needs_this_batchs_backward(schedule):
+    """forward() of a new batch (or predict() between the phases) leaves no stale input_grad to read."""
+    net = ODD_NETWORKS["stride2-pool3s2"]
+    stage = NumbaCpuStage(net, np.float64, schedule=schedule)
+    stage.set_params(make_stage(NumbaCpuStage, net, np.float64).get_params())
+    images, labels = random_batch(net, 2, np.float64, seed=3)
+    stage.loss_and_grad(images, labels)
+    stage.predict(images)
+    assert stage.input_grad.shape == images.shape
+    stage.load_batch(images, labels)
+    stage.forward()
+    with pytest.raises(RuntimeError, match="between backward"):
+        stage.input_grad

@@ -1,8 +1,8 @@
 """Stage 3 ``numba-cpu``: the loops of stage 1, compiled by Numba, run on every core, and fused.
 
-The compiled loops live in ``kernels/cpu/`` (layout, pool, conv_pool, dense, elementwise), as
-the CUDA kernels of stages 4-7 live in ``kernels/``; this module chains them into a network.
-What changes against stage 2:
+The compiled loops live in ``kernels/cpu/`` (layout, pool, conv_pool, dense, elementwise, network,
+thread_pool), as the CUDA kernels of stages 4-7 live in ``kernels/``; this module turns a network
+into the program they run. What changes against stage 2:
 
 - The loops come back — compiled. ``@njit`` turns loops into machine code, so a loop
   costs what it costs in C, and no im2col matrix is built. The convolution is written
@@ -12,15 +12,26 @@ What changes against stage 2:
   (``load_channel``) — and keeps its conv outputs in the same layout. The shift by
   (p, q) is then ONE offset for every output of every sample in the block, so the loops
   over rows, columns and samples collapse into one contiguous loop of a few thousand
-  steps per weight, which the compiler turns into SIMD fused multiply-adds (``axpy``,
-  ``dot``). The K − 1 columns at the right edge of each row straddle two rows: they are
-  computed too and never read (30 % extra work for LeNet-5's second conv; stacking the
-  samples one under the other instead also wastes K − 1 rows per sample, 56 %, and
-  measured ~40 % slower on that layer). Loop lengths are rounded up to a multiple of
-  SIMD_ROUND so that no scalar tail loop runs; BLOCK_NUMBERS keeps a block's plane
-  about L1-sized. A convolution of stride s > 1 is computed at stride 1 and read every
-  s-th output: s² times the arithmetic, but one set of loops (no network of the course
-  has one).
+  steps, which the compiler turns into SIMD fused multiply-adds. The K − 1 columns at the
+  right edge of each row straddle two rows: they are computed too and never read (30 %
+  extra work for LeNet-5's second conv; stacking the samples one under the other instead
+  also wastes K − 1 rows per sample, 56 %, and measured ~40 % slower on that layer). Loop
+  lengths are rounded up to a multiple of SIMD_ROUND so that no scalar tail loop runs;
+  BLOCK_NUMBERS keeps a block's plane about L1-sized. A convolution of stride s > 1 is
+  computed at stride 1 and read every s-th output: s² times the arithmetic, but one set
+  of loops (no network of the course has one).
+- Four by four in one pass. One weight at a time, ``z += w · x`` loads z, loads x and
+  stores z for ONE multiply-add: the loop waits on memory, not on arithmetic. ``fma_4x4``
+  adds four taps (c, p, q) into four filters' planes in one pass — 16 multiply-adds an
+  element for 4 loads of x and 4 loads and 4 stores of z, the 16 weights held in registers
+  (weights pre-arranged in 4 × 4 tiles, ``weight_tiles``). Backward, ``dot_4x4`` takes
+  dW for four filters × four taps (16 running sums, 8 loads an element), and dx is the
+  scatter ``dx[k + shift] += w·dz[k]`` rewritten as a gather over a zero margin, so that
+  ``fma_4x4`` adds four (filter, tap) terms into four input channels at once. Filter and
+  tap counts are padded to multiples of four with zero weights (LeNet-5's first conv: 6
+  filters → 8, 25 taps → 28; a zero weight times an infinite input gives NaN instead of
+  infinity: still not finite). 2 × 2 max-pooling and the ReLU gate of its backward are
+  written as selects, not branches (random data mispredicts half of them).
 - Conv + bias + ReLU + max-pool run as ONE kernel, as the CUDA stage 5 will do: the
   conv plane stays in cache and is pooled straight into the output, so only the pooled
   output and the argmax "switches" reach memory. Backward, the gradient at the conv
@@ -29,45 +40,89 @@ What changes against stage 2:
   array and no separate ReLU or pool pass. A Conv that is not followed by ReLU +
   MaxPool runs through the same kernel with ReLU and pooling off, then through the
   separate ReLU and max-pool kernels — so any network of layer specs works.
-- Threads (``parallel=True``, ``prange``). Work items are (block of samples, filter)
-  forward and (block of samples, input channel) backward, one contiguous range of
-  items per thread — enough items even at batch 1. Backward, each thread sums dW and
-  db into its own copy and the copies are added at the end: no two threads ever write
-  the same number (no races, no atomics), and for a given thread count the sum is
-  deterministic. dx of (block, channel) belongs to a single item.
+- One parallel region a phase (``kernels/cpu/network.py``). The stage's first version
+  spread each layer over the threads in turn (``schedule="layers"``, kept for the
+  benchmark): LeNet-5 made a dozen parallel regions a step, each ending at a barrier
+  where every thread waits for the slowest — and on a busy machine the slowest is a thread
+  that lost its core for a time slice, longer than the whole step. Now the work item is a
+  block of 8 samples that ONE thread takes through the whole network — forward, loss,
+  backward — its activations staying in that core's cache (the idea stage 8 takes to the
+  GPU). Each block sums its dW and db into its own copy; the copies are added in block
+  order afterwards (``sum_block_gradients``), so the gradient is the same, bit for bit,
+  on any number of threads (no races, no atomics). ``train_step`` runs forward and
+  backward in the same region: a step is two regions (the step, the sum), not a dozen.
+- Threads that let others run. Numba's OpenMP layer with ``OMP_WAIT_POLICY=passive``
+  (``kernels/cpu/thread_pool.py``: a waiting thread sleeps instead of spinning on a core
+  someone else needs), and a step uses only the cores that other work leaves free
+  (``FreeCores``: the threads ready to run, from /proc/loadavg, smoothed over the last
+  steps) — all cores on an idle machine, one when the others are busy, so that two
+  threads are never the slower choice.
 - ``fastmath`` only where it is safe: ``reassoc`` (the dot products of dW keep SIMD
   partial sums) and ``contract`` (fused multiply-add), never ``nnan``/``ninf``, so a
   diverging loss still shows up as NaN.
-- Little Python per step: one call per layer; activation, switch and gradient buffers
-  are allocated once per batch size and reused. The first layer skips dL/d(images),
-  which training never needs (PyTorch skips it too); ``input_grad`` computes it on
-  demand. The SGD update is one compiled pass (``sgd_momentum_kernel``).
-- Dense layers are compiled loops too (threads over (sample, output) pairs forward,
-  over rows of dW and of dx backward). numpy's BLAS is faster per FLOP (LeNet-5's three
-  dense layers, forward + backward at batch 64 on one thread: 0.26 ms against 0.8 ms),
-  but OpenBLAS brings a second thread pool that fights Numba's for the same two cores:
-  a whole step measured a median 18-23 ms with BLAS dense layers against 13-20 ms with
-  the compiled ones (separate runs, alternated, on this machine while it was loaded).
+- Little Python per step: two compiled calls and the update; activation, switch and
+  gradient buffers are allocated once per batch size and reused. The first layer skips
+  dL/d(images), which training never needs (PyTorch skips it too); ``input_grad``
+  computes it on demand. The SGD update is one compiled pass (``sgd_momentum_kernel``).
+- Dense layers are compiled loops too, run per block: row o of W (and of dW) is read once
+  for the block's samples, four rows a pass (``add_rows``). numpy's BLAS is faster per FLOP
+  (LeNet-5's three dense layers, forward + backward at batch 64 on one thread: 0.26 ms
+  against 0.8 ms for the first compiled version), but OpenBLAS brings a second thread pool
+  that fights Numba's for the same two cores: a whole step measured a median 18-23 ms with
+  BLAS dense layers against 13-20 ms with the compiled ones (separate runs, alternated, on
+  this machine while it was loaded).
 
-What it bought, measured on this machine (2-core Intel Xeon, AVX-512; numba 0.68, torch
-2.13 CPU; 2 threads each; one LeNet-5 training step, batch 64, float32, real MNIST; median
-of 120 steps per row (numpy: 40), the rows taking turns)::
+What it bought. First version (a parallel region per layer, one weight per pass), measured on
+the 2-core Intel Xeon development machine with no other job running (load 1.8; numba 0.68, torch
+2.13 CPU; 2 threads each; LeNet-5, batch 64, float32, real MNIST; median of 120 steps a row, the
+rows taking turns; benchmarks/results/numba_vs_torch-vm-2026-11-22.json): stage numpy 31.41 ms,
+``fuse=False`` 7.61 ms, numba-cpu 5.35 ms, PyTorch 7.24 ms a step — numba-cpu / PyTorch 0.74;
+fused against unfused 1.42x.
 
-    python benchmarks/numba_vs_torch.py --repeats 120
+The changes since, measured on the development machine as it is now (2-core AMD EPYC with
+AVX-512, shared with seven other jobs: 1-minute load average 12 to 42 during every run below,
+so wall-clock times are inflated several times and noisy; ratios of rows timed in the same
+turns are what to read, and the coordinator re-runs them on a quiet machine):
 
-    stage numpy (stage 2)     31.41 ms/step   (10th-90th percentile 29.60-33.35)
-    numba-cpu, fuse=False      7.61 ms/step   (10th-90th percentile 6.70-8.21)
-    numba-cpu                  5.35 ms/step   (10th-90th percentile 4.75-8.88)
-    PyTorch 2.13 CPU           7.24 ms/step   (10th-90th percentile 6.56-14.94)
+1. Per-core speed — the block schedule, then four by four. One thread, one LeNet-5 step at
+   batch 64; a fresh process per version, the versions taking turns, 3 rounds of 40 steps each;
+   the thread's CPU time a step (less sensitive to the load than the wall clock), load 32
+   (measured by the script that became ``--versions``)::
 
-numba-cpu / PyTorch = 0.74 (ratio of the minima: 0.79); 5.9x faster than stage 2; fused
-against ``fuse=False`` (whose separate ReLU and max-pool kernels are single-threaded):
-1.42x. Measured with no other job running (the file records a 1-minute load average of 1.8,
-the tail of a training run just before); the numbers are in
-benchmarks/results/numba_vs_torch-vm-2026-11-22.json. An earlier run while other jobs loaded
-the machine (load average 3.5) gave the same order: 6.42 against 9.62 ms (ratio 0.67). On one
-thread (``--threads 1``, loaded, load 2.6): numba-cpu 9.30 ms, PyTorch 10.13 ms (ratio 0.92)
-— the compiled loops match PyTorch's kernels, and scale better to the second core.
+       python benchmarks/numba_vs_torch.py --versions aefc889,335e2f5,4c3b21c --threads 1 --repeats 40
+
+
+       first version (a region per layer)        4.62-4.96-5.17 ms  (min-median-max of 3 rounds)
+       block schedule, 4 taps a pass, 2x2 pool   4.60-4.64-4.89 ms  0.89-0.99-1.00 x the previous
+       4 x 4 tiles, branchless pooling           3.43-3.44-3.72 ms  0.70-0.75-0.80 x the previous
+
+   The block schedule changes little on one thread (it was made for the barriers); the 4 x 4
+   passes take a quarter off. Against PyTorch on one thread (CPU time of the same turns, LeNet-5
+   b64, 5 rounds of 10-20 steps, five runs at loads 8-30): numba-cpu / PyTorch 0.42, 0.46, 0.50,
+   0.54, 0.60 (3.3-4.3 ms against 5.2-9.3 ms). AlexNet-small b128 (3 rounds of 3 steps, load
+   30): 157 against 136 ms, 1.15 — slower than PyTorch there: its wide convolutions (32-64
+   channels on 8-16 pixel planes) waste 23-44 % on the straddling columns and stream their
+   blocks from L2; oneDNN's blocked kernels do better.
+
+2. Threads on a busy machine. ``python benchmarks/numba_vs_torch.py --repeats 30 --loaded``
+   (a competing process keeps one core busy; load 16-19 besides; benchmarks/results/
+   numba_vs_torch-lenet5-b64-loaded-vm-2026-11-25.json), median ms a step, 2 threads over 1::
+
+       numba-cpu (blocks, free cores only)    35.6 on 1 thread, 31.1 on 2: 0.87x
+       numba-cpu-fixed (blocks, always 2)     31.7 on 1 thread, 76.0 on 2: 2.40x
+       numba-cpu-layers (the first schedule)  30.7 on 1 thread, 363 on 2:  11.8x
+       PyTorch 2.13 (its OpenMP spins)        55.6 on 1 thread, 870 on 2:  15.7x
+
+   numba-cpu / PyTorch: 0.64 on 1 thread, 0.04 on 2. Passive waiting and one region a phase
+   cut the collapse from 11.8x to 2.4x; using only the free cores (here: 1, in all 79 regions)
+   removes it. The same rows with no competing process (load 15-18 from the other jobs,
+   ``--repeats 30``, numba_vs_torch-lenet5-b64-no-competitor-vm-2026-11-25.json): numba-cpu 21.3
+   and 15.4 ms (0.72x), -fixed 1.45x, -layers 4.13x, PyTorch 22.1 and 408 ms (18.5x); numba-cpu /
+   PyTorch 0.96 on 1 thread (of the minima: 0.37), 0.04 on 2.
+
+The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
+version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
+caller's own file: after editing a kernel in kernels/cpu/, delete kernels/cpu/__pycache__.)
 """
 
 from __future__ import annotations
@@ -353,7 +408,8 @@ class NumbaCpuStage(HostStage):
                 network.sum_block_gradients(buffers.grad_copies, self.grad, threads)
         finally:
             numba.set_num_threads(allowed)
-            self._backward_done, self._input_grad = True, input_grad
+        if purpose == "train":                     # a new forward pass, or the gradient (and input_grad) of this one
+            self._backward_done, self._input_grad = backward, input_grad
         if forward and labels.size:
             self.loss = float(buffers.block_losses.sum() / batch)
         last = self.program[-1]

@@ -151,7 +151,9 @@ def exercise_3(fast: bool) -> None:
     in `__pycache__`, or in NUMBA_CACHE_DIR) keyed by the function's source and the argument types, and the
     next session's first call loads it instead of compiling (the dispatcher's `stats.cache_hits` counts it)
     — what makes the course's stage 3 start in a second or so rather than tens of seconds. Changing the
-    source (or Numba's version) invalidates the entry. (The very first call of a session also pays for
+    function's own source file (or Numba's version) invalidates the entry; changing a function it calls
+    that lives in ANOTHER file does not — the cached machine code, with the old callee compiled into it,
+    stays in use (after editing kernels/cpu/, delete kernels/cpu/__pycache__). (The very first call of a session also pays for
     Numba setting itself up, cache or not; the script below calls another function first so that what it
     times is the compiling, or the loading, alone.)
     """
