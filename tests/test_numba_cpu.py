@@ -141,19 +141,24 @@ def test_predict_between_forward_and_backward_changes_nothing():
     assert rel_error(mine.get_grad(), grad) < 1e-10
 
 
+def on_all_threads_then_one(stage, images, labels):
+    """(loss, gradient) on all of Numba's threads, then on one."""
+    on_all = stage.loss_and_grad(images, labels)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        return on_all, stage.loss_and_grad(images, labels)
+    finally:
+        numba.set_num_threads(threads)
+
+
 def test_layer_schedule_gradient_does_not_depend_on_thread_count():
     """The per-layer kernels' per-thread gradient copies, summed at the end: 1 thread and all threads agree."""
     net = lenet5()
     stage = NumbaCpuStage(net, np.float64, schedule="layers")
     stage.set_params(make_stage(NumbaCpuStage, net, np.float64).get_params())
     images, labels = random_batch(net, 9, np.float64, seed=12)
-    _, grad_all = stage.loss_and_grad(images, labels)
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        _, grad_one = stage.loss_and_grad(images, labels)
-    finally:
-        numba.set_num_threads(threads)
+    (_, grad_all), (_, grad_one) = on_all_threads_then_one(stage, images, labels)
     assert rel_error(grad_one, grad_all) < 1e-12
 
 
@@ -250,13 +255,7 @@ def test_block_gradient_is_the_same_bit_for_bit_on_any_thread_count():
     stage = make_stage(NumbaCpuStage, net, np.float64)
     stage.free_cores = numba.get_num_threads            # every thread, whatever the machine's load
     images, labels = random_batch(net, 37, np.float64, seed=16)      # 5 blocks, the last one short
-    loss_all, grad_all = stage.loss_and_grad(images, labels)
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        loss_one, grad_one = stage.loss_and_grad(images, labels)
-    finally:
-        numba.set_num_threads(threads)
+    (loss_all, grad_all), (loss_one, grad_one) = on_all_threads_then_one(stage, images, labels)
     assert loss_one == loss_all and np.array_equal(grad_one, grad_all)
 
 
