@@ -192,7 +192,7 @@ def docs_block(out_dir, page: Path) -> str:
         far = [s for s in ablation if max(s["ratio"], 1 / s["ratio"]) > 1.5]
         parts += [f"Stage 7's ablation rows ({len(ablation)}, both sessions, back to back): predicted / measured "
                   f"{min(ratios):.2f}–{statistics.median(ratios):.2f}–{max(ratios):.2f}× (min–median–max); "
-                  f"{len(far)} outside 1.5×" + (": " + "; ".join(f"{names(s['model'], s['batch'])} {s["label"][10:]} "
+                  f"{len(far)} outside 1.5×" + (": " + "; ".join(f"{names(s['model'], s['batch'])} {s['label'][10:]} "
                                                                  f"({session_of(s['file'])}) {times(s['ratio'])}"
                                                                  for s in far[:6])
                                                 + ("…" if len(far) > 6 else "") if far else "") + ".", ""]
