@@ -432,9 +432,10 @@ class NumbaCpuStage(HostStage):
             last = self.program[-1]
             per_sample = int(last[network.OUT_START] + last[network.C_OUT] * last[network.H_OUT] * last[network.W_OUT])
             blocks = -(-batch // network.BLOCK_SAMPLES)
+            gradient_size = self.net.num_params if purpose == "train" else 0     # predict never runs backward
             self._buffer_sets[key] = BlockBuffers(
                 np.empty(batch * per_sample, self.dtype), np.empty(batch * per_sample, np.int64),
-                np.empty(batch * per_sample, self.dtype), np.empty((blocks, self.net.num_params), self.dtype),
+                np.empty(batch * per_sample, self.dtype), np.empty((blocks, gradient_size), self.dtype),
                 np.zeros(blocks))
         return self._buffer_sets[key]
 

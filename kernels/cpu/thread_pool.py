@@ -4,17 +4,26 @@ At the end of a parallel region OpenMP's threads, by default, spin for a while b
 so that the next region starts without waking anyone. On a machine whose cores are all busy —
 a laptop with a browser open, or the course's 2-core development machine shared by other jobs —
 a spinning thread takes the core from the thread everyone is waiting for, region after region:
-the stage's first version (a parallel region per layer) measured 82 ms a LeNet-5 step on 2
-threads against 5 ms on 1 while a competing process kept one core busy. With
+the stage's first version (a parallel region per layer) measured 82 and 12 ms a LeNet-5 step on
+2 threads against 5 ms on 1 (two rounds, load 3.3) while a competing process kept one core busy. With
 ``OMP_WAIT_POLICY=passive`` a waiting thread sleeps at once; waking it costs a few microseconds
 a region, and stage 3 now opens one region per phase (``kernels/cpu/network.py``).
 
 Measured on the development machine (2 cores, heavily loaded: 1-minute load 27), the cost of
-launching an empty parallel region on 2 threads, per launch:
+launching an empty parallel region (``prange(2)``) on 2 threads, 2000 launches a round, best and
+median of 5 rounds, one process per layer:
 
     omp, default (spinning)     63 µs (median 164)
     omp, passive               8.7 µs (median 8.7)
     workqueue                  127 µs (median 154)
+
+The whole step of the first version (a region per layer) with a competing process keeping one
+core busy, ms on 2 threads against 1, two rounds, one process a layer, load 3.3-3.6:
+
+    omp, default (spinning)     82.2, 12.4  against 5.1, 4.6
+    omp, passive                 5.1,  4.6  against 4.8, 4.6
+    workqueue                    5.4,  5.3  against 7.4, 9.7
+    tbb                          4.6,  4.9  against 4.7, 4.5
 
 (``tbb`` needs ``pip install tbb`` and, inside a virtual environment, the library on the
 loader's path: not a dependency worth a student's setup.) ``benchmarks/numba_vs_torch.py
