@@ -332,7 +332,7 @@ NO_LABELS, NO_INPUT_GRAD = np.empty(0, np.int64), None
 
 class NumbaCpuStage(HostStage):
     name = "numba-cpu"
-    summary = "stage-1 loops compiled with Numba: each thread takes blocks of samples through the whole network"
+    summary = "stage-1 loops compiled with Numba: threads over the batch, conv+ReLU+pool fused"
     ops = Ops(conv_forward, conv_backward, relu_forward, relu_backward,
               maxpool_forward, maxpool_backward, dense_forward, dense_backward)
 
