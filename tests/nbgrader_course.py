@@ -1,20 +1,25 @@
 """Grading the course's assignments with nbgrader in a throw-away course directory (shared by the tests).
 
 An autograder is only worth something if it can fail, so the tests grade submissions whose scores
-they know: the instructor's solutions (full marks), the student version as released (zero), and
-deliberately wrong answers (partial credit, failing exactly the cells that test what is wrong)::
+they know: the instructor's solutions (full marks), the student version as released (zero), deliberately
+wrong answers (partial credit, failing exactly the cells that test what is wrong), each part answered
+alone (that part's points), and cheats (nothing)::
 
-    course = Course(tmp_path, ["a7_network_layers"])      # copy the sources, run generate_assignment
+    course = shared_course(tmp_path_factory)          # every assignment, generated once for the whole session
     course.submit("blanks", "a7_network_layers", course.release("a7_network_layers"))
     grades = course.autograde("a7_network_layers", "blanks")   # {test cell: Grade(score, max_score, error)}
 
-``with_solution(notebook, cell, code)`` makes a wrong answer: the source notebook with one solution cell
-rewritten. ``structure_problems`` and ``leaked_solutions`` are the checks every source notebook and its
+``Course`` grades through nbgrader itself (``autograde``: a kernel per notebook, the committed
+``nbgrader_config.py`` with its referee and seal check); ``shared_runner()`` grades the same way without
+a kernel per notebook (tests/notebook_runner.py), for the many submissions whose point is what the
+tests say, not nbgrader's plumbing. ``with_solution(notebook, cell, code)`` puts an answer into a solution
+cell; ``structure_problems`` and ``leaked_solutions`` are the checks every source notebook and its
 release must pass.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import re
@@ -22,19 +27,17 @@ import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
 
 import nbformat
+
+from notebook_runner import Grade, NotebookRunner, error_text
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 COURSE = REPOSITORY / "assignments"
 POINTS_PER_ASSIGNMENT = 10
-
-
-class Grade(NamedTuple):
-    score: float
-    max_score: float
-    error: str          # "ename: evalue" of the cell's error, "" when it ran through
+ASSIGNMENTS = sorted((path.name for path in (COURSE / "source").iterdir() if path.is_dir()),
+                     key=lambda name: int(name.split("_")[0][1:]))
+ANSWER_STUB = "YOUR ANSWER HERE"      # nbgrader's text in place of a written answer in the release
 
 
 def source_notebook(assignment: str) -> Path:
@@ -43,6 +46,24 @@ def source_notebook(assignment: str) -> Path:
 
 def nbgrader_cells(notebook) -> list:
     return [cell for cell in notebook.cells if "nbgrader" in cell.metadata]
+
+
+def is_test_cell(cell) -> bool:
+    """An autograded test: a code cell with points that is not a student's answer."""
+    return cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade") and \
+        not cell.metadata["nbgrader"].get("solution")
+
+
+def is_written_answer(cell) -> bool:
+    """A manually graded written answer: a markdown cell that is both a solution and a grade cell."""
+    nbgrader = cell.metadata.get("nbgrader", {})
+    return cell.cell_type == "markdown" and nbgrader.get("grade") and nbgrader.get("solution")
+
+
+def solution_cell_ids(notebook) -> list[str]:
+    """The code cells the student writes, in order."""
+    return [cell.metadata.nbgrader["grade_id"] for cell in nbgrader_cells(notebook)
+            if cell.cell_type == "code" and cell.metadata.nbgrader.get("solution")]
 
 
 @contextmanager
@@ -88,23 +109,28 @@ class Course:
         nbformat.write(notebook, folder / f"{assignment}.ipynb")
 
     def autograde(self, assignment: str, student: str) -> dict[str, Grade]:
-        """Autograde one submission; {grade cell id: Grade}."""
+        """Autograde one submission; {test cell id: Grade} of its autograded test cells."""
         from nbgrader.api import Gradebook
 
         with _venv_on_path():
             outcome = self.api.autograde(assignment, student)
         assert outcome["success"], f"autograde {assignment} ({student}):\n{outcome.get('error')}\n{outcome.get('log')}"
         graded = nbformat.read(self.root / "autograded" / student / assignment / f"{assignment}.ipynb", 4)
-        errors = {cell.metadata.nbgrader["grade_id"]: _error_text(cell) for cell in nbgrader_cells(graded)}
+        tests = {cell.metadata.nbgrader["grade_id"]: error_text(cell) for cell in graded.cells if is_test_cell(cell)}
         with Gradebook(self.db_url) as gradebook:
             submission = gradebook.find_submission(assignment, student)
-            return {grade.name: Grade(grade.score, grade.max_score, errors.get(grade.name, ""))
-                    for notebook in submission.notebooks for grade in notebook.grades}
+            return {grade.name: Grade(grade.score, grade.max_score, tests[grade.name])
+                    for notebook in submission.notebooks for grade in notebook.grades if grade.name in tests}
 
+    def written_answers(self, assignment: str, student: str) -> dict[str, bool]:
+        """The written answers of an autograded submission: {cell id: whether it waits to be graded by hand}
+        (an answer left as the stub does not: nbgrader gives it 0)."""
+        from nbgrader.api import Gradebook
 
-def _error_text(cell) -> str:
-    errors = [output for output in cell.get("outputs", []) if output.output_type == "error"]
-    return f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
+        with Gradebook(self.db_url) as gradebook:
+            submission = gradebook.find_submission(assignment, student)
+            return {grade.name: bool(grade.needs_manual_grade) for notebook in submission.notebooks
+                    for grade in notebook.grades if grade.cell.cell_type == "markdown"}
 
 
 def with_solution(notebook, grade_id: str, code: str):
@@ -119,13 +145,18 @@ def with_solution(notebook, grade_id: str, code: str):
 def structure_problems(notebook) -> list[str]:
     """What is wrong with a source notebook's nbgrader structure (an empty list when nothing is)."""
     cells = nbgrader_cells(notebook)
-    solutions = [cell for cell in cells if cell.metadata.nbgrader["solution"]]
-    tests = [cell for cell in cells if cell.metadata.nbgrader["grade"]]
+    solutions = [cell for cell in cells if cell.cell_type == "code" and cell.metadata.nbgrader["solution"]]
+    tests = [cell for cell in cells if is_test_cell(cell)]
     problems = [] if solutions and tests else ["no solution cell or no test cell"]
     problems += [f"{cell.metadata.nbgrader['grade_id']}: no ### BEGIN SOLUTION / ### END SOLUTION" for cell in solutions
                  if "### BEGIN SOLUTION" not in cell.source or "### END SOLUTION" not in cell.source]
     problems += [f"{cell.metadata.nbgrader['grade_id']}: a test cell must be read-only and have points" for cell in tests
                  if not (cell.metadata.nbgrader.get("points", 0) > 0 and cell.metadata.nbgrader["locked"])]
+    problems += [f"{cell.metadata.nbgrader['grade_id']}: a test cell must call grade({cell.metadata.nbgrader['grade_id']!r}, …)"
+                 for cell in tests if f'grade("{cell.metadata.nbgrader["grade_id"]}"' not in cell.source]
+    problems += [f"{cell.metadata.nbgrader['grade_id']}: a written answer needs points and a model answer"
+                 for cell in notebook.cells if is_written_answer(cell)
+                 if not (cell.metadata.nbgrader.get("points", 0) > 0 and cell.source.strip() and ANSWER_STUB not in cell.source)]
     total = sum(cell.metadata.nbgrader.get("points", 0) for cell in tests)
     if total != POINTS_PER_ASSIGNMENT:
         problems.append(f"the tests are worth {total} points, not {POINTS_PER_ASSIGNMENT}")
@@ -137,7 +168,8 @@ def structure_problems(notebook) -> list[str]:
 
 
 def leaked_solutions(source, release) -> list[str]:
-    """Solution cells of ``release`` that still hold (the last line of) the source's solution code."""
+    """Solution cells of ``release`` that still hold (the last line of) the source's solution code, and
+    written answers that are not the blank stub."""
     solution_code = {cell.metadata.nbgrader["grade_id"]: cell.source for cell in nbgrader_cells(source)
                      if cell.metadata.nbgrader["solution"]}
     leaks = []
@@ -145,8 +177,39 @@ def leaked_solutions(source, release) -> list[str]:
         name = cell.metadata.nbgrader["grade_id"]
         if not cell.metadata.nbgrader["solution"]:
             continue
+        if cell.cell_type == "markdown":
+            if cell.source.strip() != ANSWER_STUB:
+                leaks.append(name)
+            continue
         body = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", solution_code[name], re.S).group(1)
         if ("BEGIN SOLUTION" in cell.source or "raise NotImplementedError()" not in cell.source
                 or body.strip().splitlines()[-1].strip() in cell.source):
             leaks.append(name)
     return leaks
+
+
+# -- one course and one runner for the whole session ---------------------------------------------------------
+
+_SHARED: dict = {}
+
+
+def shared_course(tmp_path_factory) -> Course:
+    """Every assignment in one throw-away course directory, generated once per test session (its gradebook
+    is what costs: nbgrader creates it, and each assignment in it, through alembic)."""
+    if "course" not in _SHARED:
+        _SHARED["course"] = Course(tmp_path_factory.mktemp("course"), ASSIGNMENTS)
+    return _SHARED["course"]
+
+
+def shared_runner() -> NotebookRunner:
+    """The warm notebook pool and its referee, started once per test session (tests/notebook_runner.py)."""
+    if "runner" not in _SHARED:
+        _SHARED["runner"] = runner = NotebookRunner(ASSIGNMENTS)
+        atexit.register(runner.close)
+    return _SHARED["runner"]
+
+
+def part_alone(source, release, cell: str):
+    """The released notebook with only solution cell ``cell`` answered: the source's answer put back."""
+    answer = next(c for c in nbgrader_cells(source) if c.metadata.nbgrader["grade_id"] == cell)
+    return with_solution(release, cell, answer.source)

@@ -1,18 +1,20 @@
-"""The classroom assignments (assignments/source), graded by nbgrader: right, blank and wrong submissions.
+"""The classroom assignments 1–6 (assignments/source), graded: right, blank, wrong, and each part alone.
 
-In a temporary nbgrader course directory (its own gradebook), for every assignment:
-
-1. ``generate_assignment`` makes the student version: solutions replaced by ``raise NotImplementedError()``;
-2. ``autograde`` grades the instructor's source notebook (the solutions), the student version as released
-   (the blanks left), and the plausible wrong submissions of ``WRONG`` below (the solutions with one
-   mistake put in: the rows of the instructor guide's table of wrong submissions);
-3. the solutions must score full marks on every test cell, the blanks zero on every test cell — an
-   autograder that cannot fail is worthless — and each wrong submission must lose exactly the test cells
-   its mistake breaks, each with an error message that names what is wrong, and keep every other.
+1. nbgrader's ``generate_assignment`` makes the student version (solutions replaced by
+   ``raise NotImplementedError()``); nbgrader's ``autograde`` — with the committed configuration, its
+   referee and its seal check — grades the instructor's source notebook (the solutions) and the student
+   version as released (the blanks left): full marks on every test cell, and zero on every test cell;
+2. the plausible wrong submissions of ``WRONG`` (the solutions with one mistake put in: the rows of the
+   instructor guide's table) must each lose exactly the test cells its mistake breaks, each with an
+   error message that names what is wrong, and keep every other;
+3. every part answered alone — the release with one solution cell put back — must earn exactly that
+   part's points (``PARTS``): no part needs another to be graded.
 
 The CUDA assignments run in Numba's simulator here (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1 and the
-notebook kernels inherit it). One module-scoped fixture does all the grading with tests/nbgrader_course.py
-(a kernel start per graded notebook, a minute or two in all); the tests then read the grades and errors.
+notebook kernels inherit it). One module-scoped fixture does all the grading: the solutions and blanks
+through nbgrader (a kernel per notebook), the wrong and part-alone submissions through the notebook pool
+(tests/notebook_runner.py: the same cells, the same seal check and nbgrader's own scoring, without a
+kernel start per notebook). The tests then read the grades and errors.
 """
 
 from dataclasses import dataclass, field
@@ -20,12 +22,33 @@ from dataclasses import dataclass, field
 import nbformat
 import pytest
 
-from nbgrader_course import Course, leaked_solutions, source_notebook, structure_problems, with_solution
+from nbgrader_course import (is_test_cell, is_written_answer, leaked_solutions, part_alone, shared_course,
+                             shared_runner, solution_cell_ids, source_notebook, structure_problems, with_solution)
 
 # The first six assignments, one per stage of the first half of the course
 # (tests/test_assignments_7_to_11.py proves the later ones the same way).
 ASSIGNMENTS = ["a1_naive_conv", "a2_im2col", "a3_cuda_conv", "a4_fused_conv_pool", "a5_push_backward",
                "a6_gradient_ring"]
+
+#: each solution cell, and the test cells that grade it (a4 is one part: its solutions notebook is that part alone)
+PARTS = {
+    "a1_naive_conv": {"conv_forward": {"test_forward_stride1", "test_forward_stride2", "test_forward_padding"},
+                      "conv_backward": {"test_backward_stride1", "test_backward_stride2", "test_backward_padding",
+                                        "test_gradient_check_stride1", "test_gradient_check_stride2"}},
+    "a2_im2col": {"im2col": {"test_im2col_stride1", "test_im2col_stride2", "test_im2col_padding"},
+                  "col2im": {"test_col2im_stride1", "test_col2im_stride2", "test_col2im_padding"},
+                  "conv_forward": {"test_conv_forward_stride1", "test_conv_forward_stride2"},
+                  "conv_backward": {"test_conv_backward_stride1", "test_conv_backward_stride2"}},
+    "a3_cuda_conv": {"forward_kernel": {"test_forward_stride1", "test_forward_stride2", "test_forward_padding"},
+                     "filter_kernel": {"test_filter_stride1", "test_filter_stride2", "test_filter_padding"},
+                     "data_kernel": {"test_data_stride1", "test_data_stride2", "test_data_padding"}},
+    "a5_push_backward": {"maxpool_kernel": {"test_maxpool_2x2", "test_maxpool_overlapping_stride1",
+                                            "test_maxpool_overlapping_stride2", "test_atomics_maxpool"},
+                         "conv_kernel": {"test_conv_stride1", "test_conv_stride2", "test_conv_padding", "test_atomics_conv"}},
+    "a6_gradient_ring": {"slot_ring": {"test_states_one_consumer", "test_states_two_consumers", "test_waiting",
+                                       "test_deadline"},
+                         "weighted_sum": {"test_weighted_sum", "test_accumulation"}},
+}
 
 
 @dataclass(frozen=True)
@@ -64,9 +87,10 @@ WRONG = [
           {"test_col2im_stride1": "col2im", "test_col2im_stride2": "col2im", "test_col2im_padding": "col2im",
            "test_conv_backward_stride1": "dx, x", "test_conv_backward_stride2": "dx, x"}),
     Wrong("a2-calls-the-library", "a2_im2col", "im2col",
-          (("### BEGIN SOLUTION\n", "### BEGIN SOLUTION\n    return s2_numpy.im2col(x, K, stride, pad)\n"),),
-          {"test_im2col_stride1": "im2col uses s2_numpy", "test_im2col_stride2": "im2col uses s2_numpy",
-           "test_im2col_padding": "im2col uses s2_numpy"}),
+          (("### BEGIN SOLUTION\n", "### BEGIN SOLUTION\n    from cnn.stages import s2_numpy\n"
+                                     "    return s2_numpy.im2col(x, K, stride, pad)\n"),),
+          {"test_im2col_stride1": "im2col uses cnn.stages.s2_numpy", "test_im2col_stride2": "im2col uses cnn.stages.s2_numpy",
+           "test_im2col_padding": "im2col uses cnn.stages.s2_numpy"}),
     Wrong("a3-dx-ignores-padding", "a3_cuda_conv", "data_kernel",
           (("p = h + pad - i * stride", "p = h - i * stride"), ("q = col + pad - j * stride", "q = col - j * stride")),
           {"test_data_stride2": "p=1", "test_data_padding": "p=2"}),
@@ -119,18 +143,20 @@ def wrong_notebook(wrong: Wrong):
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """The six assignments in a throw-away course directory, generated and graded: (course, grades), where
+    """The assignments in the session's course directory, and every submission's grades:
     grades[assignment, student] = {test cell id: Grade(score, max_score, error)}."""
-    course = Course(tmp_path_factory.mktemp("course"), ASSIGNMENTS)
-    submissions = []
-    for assignment in ASSIGNMENTS:
-        course.submit("solutions", assignment, course.source(assignment))
-        course.submit("blanks", assignment, course.release(assignment))
-        submissions += [(assignment, "solutions"), (assignment, "blanks")]
-    for wrong in WRONG:
-        course.submit(wrong.student, wrong.assignment, wrong_notebook(wrong))
-        submissions.append((wrong.assignment, wrong.student))
-    return course, {(assignment, student): course.autograde(assignment, student) for assignment, student in submissions}
+    course = shared_course(tmp_path_factory)
+    grades = {}
+    for assignment in ASSIGNMENTS:                           # through nbgrader itself
+        for student, notebook in (("solutions", course.source(assignment)), ("blanks", course.release(assignment))):
+            course.submit(student, assignment, notebook)
+            grades[assignment, student] = course.autograde(assignment, student)
+    submissions = [(wrong.assignment, wrong.student, wrong_notebook(wrong)) for wrong in WRONG]
+    submissions += [(assignment, f"only {cell}", part_alone(course.source(assignment), course.release(assignment), cell))
+                    for assignment, parts in PARTS.items() for cell in parts]
+    graded = shared_runner().grade([notebook for *_, notebook in submissions], [name for name, *_ in submissions])
+    grades.update({(assignment, student): result for (assignment, student, _), result in zip(submissions, graded)})
+    return course, grades
 
 
 def test_there_are_assignments():
@@ -141,7 +167,7 @@ def test_there_are_assignments():
 def test_source_has_solutions_tests_and_points(assignment):
     notebook = nbformat.read(source_notebook(assignment), 4)
     assert not structure_problems(notebook)
-    tests = [cell for cell in notebook.cells if cell.metadata.get("nbgrader", {}).get("grade")]
+    tests = [cell for cell in notebook.cells if is_test_cell(cell)]
     assert len(tests) >= 5, "partial credit: a test cell per family of cases, not one per part"
 
 
@@ -201,3 +227,40 @@ def test_a_non_atomic_add_into_dx_loses_the_atomics_points_naming_its_line(cours
     kernel = solution_cell(wrong_notebook(next(w for w in WRONG if w.student == student)), "conv_kernel").source
     line = kernel[:kernel.index(written)].count("\n") + 1          # the kernel's cell starts with @cuda.jit
     assert f"line {line}: `{written}`" in grade.error and "cuda.atomic.add" in grade.error, grade.error
+
+
+@pytest.mark.parametrize("assignment, cell", [(a, cell) for a, parts in PARTS.items() for cell in parts])
+def test_each_part_alone_earns_its_points(course, assignment, cell):
+    """The release with only ``cell`` answered: that part's test cells at full marks, every other at zero."""
+    grades = course[1][assignment, f"only {cell}"]
+    assert set().union(*PARTS[assignment].values()) == grades.keys(), "PARTS must name every test cell once"
+    earned = {name for name, grade in grades.items() if grade.score == grade.max_score > 0}
+    assert earned == PARTS[assignment][cell], (f"{assignment}, {cell} alone: earned {sorted(earned)}; "
+                                               f"missing {[(n, grades[n].error) for n in PARTS[assignment][cell] - earned]}")
+    assert all(grades[name].score == 0 for name in grades.keys() - earned)
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_parts_cover_every_solution_cell(assignment):
+    cells = solution_cell_ids(nbformat.read(source_notebook(assignment), 4))
+    assert set(PARTS.get(assignment, {cells[0]: None})) == set(cells), \
+        f"{assignment}: PARTS must list its solution cells {cells} (a one-part assignment may be left out)"
+
+
+#: the written questions (cs231n's inline questions), graded by hand apart from the 10 autograded points
+WRITTEN = {"a4_fused_conv_pool": {"q_what_fusion_saves": 2}, "a5_push_backward": {"q_push_or_pull": 2}}
+
+
+@pytest.mark.parametrize("assignment", sorted(WRITTEN))
+def test_written_questions_are_answered_in_the_source_and_blank_in_the_release(course, assignment):
+    """The source holds a model answer; the release the stub; nbgrader leaves a written answer to a human
+    and gives an unanswered stub 0 at once."""
+    generated, grades = course
+    answers = {cell.metadata.nbgrader["grade_id"]: cell for cell in generated.source(assignment).cells
+               if is_written_answer(cell)}
+    assert {name: cell.metadata.nbgrader["points"] for name, cell in answers.items()} == WRITTEN[assignment]
+    assert all(len(cell.source.split()) > 50 for cell in answers.values()), "a model answer for the rubric"
+    released = [cell for cell in generated.release(assignment).cells if is_written_answer(cell)]
+    assert [cell.source.strip() for cell in released] == ["YOUR ANSWER HERE"] * len(WRITTEN[assignment])
+    assert generated.written_answers(assignment, "solutions") == {name: True for name in WRITTEN[assignment]}
+    assert generated.written_answers(assignment, "blanks") == {name: False for name in WRITTEN[assignment]}

@@ -1,19 +1,22 @@
-"""Assignments 7–11 graded by nbgrader three ways: the solutions, the blanks, and wrong answers.
+"""Assignments 7–11 graded four ways: the solutions, the blanks, wrong answers, and each part alone.
 
-In a temporary course directory (tests/nbgrader_course.py), every assignment is released and then
-autograded for several "students":
+Every assignment is released (nbgrader's ``generate_assignment``) and graded for several "students":
 
 - ``solutions`` submits the instructor's source notebook: full marks on every test cell;
 - ``blanks`` submits the student version as released: zero on every test cell;
 - ``wrong1`` and ``wrong2`` submit plausible wrong answers (``WRONG``; mistakes in different cells of one
   notebook share a submission): partial credit, losing exactly the points of the case families each
-  mistake breaks, with a message that names what is wrong.
+  mistake breaks, with a message that names what is wrong;
+- ``only <cell>`` submits the release with one solution cell answered: exactly that part's points
+  (``PARTS``) — no part needs another to be graded.
 
 The performance assignments (9: the fused CPU layer, 10: the tiled GPU kernel) are graded on counts,
 not times; their wrong answers are *correct but slow* — untiled, unfused, not parallel — and must
 score below the fast solution while passing every correctness test. The CUDA kernels run in Numba's
 simulator here (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1, and the notebook kernels inherit it).
-One module-scoped fixture does all the grading (17 notebooks, about two minutes); the tests read its results.
+One module-scoped fixture does all the grading — the solutions and blanks through nbgrader itself, the
+rest through the notebook pool (tests/notebook_runner.py: the same seal check and scoring without a
+kernel start per notebook); the tests read its results.
 """
 
 from __future__ import annotations
@@ -23,9 +26,32 @@ from typing import NamedTuple
 import nbformat
 import pytest
 
-from nbgrader_course import Course, leaked_solutions, source_notebook, structure_problems, with_solution
+from nbgrader_course import (is_written_answer, leaked_solutions, part_alone, shared_course, shared_runner,
+                             solution_cell_ids, source_notebook, structure_problems, with_solution)
 
 ASSIGNMENTS = ["a7_network_layers", "a8_solver", "a9_numba_fused", "a10_tiled_dense", "a11_distributed"]
+
+#: each solution cell, and the test cells that grade it
+PARTS = {
+    "a7_network_layers": {"dense_forward": {"test_dense_forward"},
+                          "dense_backward": {"test_dense_backward", "test_dense_gradient_check"},
+                          "softmax_loss": {"test_softmax_values", "test_softmax_large_scores", "test_softmax_gradient_check"},
+                          "maxpool_forward": {"test_maxpool_2x2", "test_maxpool_overlapping", "test_maxpool_switches"}},
+    "a8_solver": {"sgd_momentum": {"test_sgd_plain", "test_sgd_momentum", "test_sgd_weight_decay"},
+                  "train_loop": {"test_loop_same_as_library", "test_loop_step_schedule", "test_loop_stops_on_nan"},
+                  "overfit_settings": {"test_overfit_accuracy", "test_overfit_loss"}},
+    "a9_numba_fused": {"conv_plane": {"test_conv_plane"},
+                       "conv_relu_pool": {"test_fused_2x2", "test_fused_overlapping", "test_parallel_loop",
+                                          "test_no_full_size_temporary", "test_outputs_written_once",
+                                          "test_convolution_computed_once"}},
+    "a10_tiled_dense": {"tiled_kernel": {"test_tiled_whole_tiles", "test_tiled_ragged", "test_tiled_reads_x",
+                                         "test_tiled_reads_w", "test_tiled_writes_y_once"},
+                        "blocked_kernel": {"test_blocked_whole_tiles", "test_blocked_ragged", "test_blocked_global_reads",
+                                           "test_blocked_shared_reads"}},
+    "a11_distributed": {"ring_allreduce": {"test_ring_divisible", "test_ring_uneven", "test_ring_traffic"},
+                        "parameter_server": {"test_server_weights", "test_server_velocity"},
+                        "easgd": {"test_easgd_workers", "test_easgd_center", "test_easgd_traffic"}},
+}
 
 
 class Wrong(NamedTuple):
@@ -168,6 +194,21 @@ def dense_blocked_kernel(x, w, b, y):
             y[row, col + r * TILE] = total + b[col + r * TILE]
 '''
 
+UNTILED_FOUR_PER_THREAD = '''
+@cuda.jit
+def dense_blocked_kernel(x, w, b, y):
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    row, first = cuda.blockIdx.y * TILE + ty, cuda.blockIdx.x * WIDE
+    if row < y.shape[0]:
+        for r in range(REGISTERS):
+            col = first + tx + r * TILE
+            if col < y.shape[1]:
+                total = b[col]
+                for k in range(x.shape[1]):
+                    total += x[row, k] * w[col, k]
+                y[row, col] = total
+'''
+
 GATHER_AND_BROADCAST = '''
 def ring_allreduce(comm, vector):
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -231,6 +272,10 @@ WRONG = [
           {"test_tiled_reads_x": "reads x 32.00 times per output from global memory",
            "test_tiled_reads_w": "reads w 32.00 times per output from global memory",
            "test_blocked_shared_reads": "2.00 times per multiply-add"}),
+    Wrong("wrong2", "a10_tiled_dense", "correct but untiled: four outputs a thread, every operand from global memory",
+          {"blocked_kernel": UNTILED_FOUR_PER_THREAD},
+          {"test_blocked_global_reads": "reads x 32.00 times per output from global memory",
+           "test_blocked_shared_reads": "reads x 32.00 times per output from global memory"}),
     Wrong("wrong1", "a11_distributed", "a gather to rank 0 and a broadcast; EASGD's center updated worker by worker",
           {"ring_allreduce": GATHER_AND_BROADCAST, "easgd": CENTER_WORKER_BY_WORKER},
           {"test_ring_traffic": "rank 0 sent 3000 numbers", "test_easgd_workers": "worker 2's weights",
@@ -250,20 +295,23 @@ CORRECTNESS = {"a9_numba_fused": {"test_conv_plane", "test_fused_2x2", "test_fus
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """{(assignment, student): {test cell: Grade}}, and the released notebooks under ("release", assignment)."""
-    course = Course(tmp_path_factory.mktemp("course"), ASSIGNMENTS)
+    course = shared_course(tmp_path_factory)
+    results = {("release", assignment): course.release(assignment) for assignment in ASSIGNMENTS}
+    for assignment in ASSIGNMENTS:                                    # through nbgrader itself
+        for student, notebook in (("solutions", course.source(assignment)), ("blanks", course.release(assignment))):
+            course.submit(student, assignment, notebook)
+            results[(assignment, student)] = course.autograde(assignment, student)
     submissions = {}
-    for assignment in ASSIGNMENTS:
-        submissions[(assignment, "solutions")] = course.source(assignment)
-        submissions[(assignment, "blanks")] = course.release(assignment)
     for wrong in WRONG:
-        notebook = course.source(wrong.assignment)
+        notebook = submissions.get((wrong.assignment, wrong.student), course.source(wrong.assignment))
         for cell, code in wrong.answers.items():
             notebook = with_solution(notebook, cell, code.strip("\n"))
         submissions[(wrong.assignment, wrong.student)] = notebook
-    results = {("release", assignment): course.release(assignment) for assignment in ASSIGNMENTS}
-    for (assignment, student), notebook in submissions.items():
-        course.submit(student, assignment, notebook)
-        results[(assignment, student)] = course.autograde(assignment, student)
+    for assignment, parts in PARTS.items():
+        for cell in parts:
+            submissions[(assignment, f"only {cell}")] = part_alone(course.source(assignment), course.release(assignment), cell)
+    grades = shared_runner().grade(list(submissions.values()), [assignment for assignment, _ in submissions])
+    results.update(zip(submissions, grades))
     return results
 
 
@@ -317,3 +365,63 @@ def test_slow_correct_answer_scores_below_the_fast_one(graded, wrong):
     assert all(grades[name].score == grades[name].max_score for name in CORRECTNESS[wrong.assignment]), \
         f"{wrong.what} should be correct"
     assert total(grades) < total(graded[(wrong.assignment, "solutions")])
+
+
+@pytest.mark.parametrize("assignment, cell", [(a, cell) for a, parts in PARTS.items() for cell in parts])
+def test_each_part_alone_earns_its_points(graded, assignment, cell):
+    """The release with only ``cell`` answered: that part's test cells at full marks, every other at zero."""
+    grades = graded[(assignment, f"only {cell}")]
+    assert set().union(*PARTS[assignment].values()) == grades.keys(), "PARTS must name every test cell once"
+    earned = {name for name, grade in grades.items() if grade.score == grade.max_score > 0}
+    assert earned == PARTS[assignment][cell], (f"{assignment}, {cell} alone: earned {sorted(earned)}; "
+                                               f"missing {[(n, grades[n].error) for n in PARTS[assignment][cell] - earned]}")
+    assert all(grades[name].score == 0 for name in grades.keys() - earned)
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_parts_cover_every_solution_cell(assignment):
+    assert set(PARTS[assignment]) == set(solution_cell_ids(nbformat.read(source_notebook(assignment), 4)))
+
+
+def test_an_untiled_kernel_with_no_shared_memory_gets_nothing_for_shared_reads(graded):
+    """Issue 25: the untiled kernel in place of the register-blocked one reads no shared memory at all —
+    the shared-reads family must give it 0, saying it keeps no tile."""
+    grade = graded[("a10_tiled_dense", "wrong2")]["test_blocked_shared_reads"]
+    assert grade.score == 0, grade
+    assert "reads x 32.00 times per output from global memory" in grade.error, grade.error
+
+
+#: the written questions (cs231n's inline questions), graded by hand apart from the 10 autograded points
+WRITTEN = {"a9_numba_fused": {"q_why_faster": 2},
+           "a10_tiled_dense": {"q_traffic_and_time": 2, "q_what_the_profile_shows": 2},
+           "a11_distributed": {"q_what_staleness_costs": 2}}
+
+
+@pytest.mark.parametrize("assignment", sorted(WRITTEN))
+def test_written_questions_are_answered_in_the_source_and_blank_in_the_release(graded, assignment):
+    """The source holds a model answer; the release the stub (nbgrader's autograde of both is checked for
+    assignments 4 and 5 in tests/test_assignments.py)."""
+    answers = {cell.metadata.nbgrader["grade_id"]: cell for cell in nbformat.read(source_notebook(assignment), 4).cells
+               if is_written_answer(cell)}
+    assert {name: cell.metadata.nbgrader["points"] for name, cell in answers.items()} == WRITTEN[assignment]
+    assert all(len(cell.source.split()) > 50 for cell in answers.values()), "a model answer for the rubric"
+    released = [cell for cell in graded[("release", assignment)].cells if is_written_answer(cell)]
+    assert [cell.source.strip() for cell in released] == ["YOUR ANSWER HERE"] * len(WRITTEN[assignment])
+
+
+def test_the_a10_gpu_timing_command_runs(tmp_path):
+    """assignments/instructor/time_a10.py, which fills the instructor guide's assignment-10 times on a GPU,
+    runs here on a tiny product in the simulator: every kernel checked against numpy, the file written."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "a10.json"
+    script = source_notebook("a10_tiled_dense").parents[2] / "instructor" / "time_a10.py"
+    done = subprocess.run([sys.executable, str(script), "--simulator", "--size", "16", "--repeats", "1", "--rounds", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert record["simulated"] and record["device"] == "Numba's CUDA simulator"
+    assert set(record["kernels"]) == {"untiled", "tiled", "register-blocked", "register-blocked, W tile rows unpadded",
+                                      "register-blocked, sums in cuda.local.array"}

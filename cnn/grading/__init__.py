@@ -1,18 +1,21 @@
 """What the course's autograded assignments (``assignments/source/``) use to grade a student's code.
 
-Three modules, one idea each:
+A student's code runs in the notebook's kernel; the tests' other half runs where it cannot reach:
 
-- ``checks``: compare with the library's reference and print the relative error the way cs231n
-  does (``check``), and refuse a function that calls the library instead of doing the work
-  (``written_by_you``).
-- ``traffic``: count the memory traffic of a kernel — every element it reads or writes, per
-  array — by running its Python source on arrays that count their accesses. This grades a
-  kernel's *speed* on a laptop without a GPU: a tiled kernel reads global memory T times less
-  often than an untiled one, and the count says so exactly, where a clock would say nothing.
-- ``ranks``: P MPI ranks simulated as threads in one process, with mpi4py's names for the
-  point-to-point calls, counting the numbers every link carries — so a collective such as a ring
-  allreduce is graded without ``mpiexec``, on its result and on its traffic.
+- ``referee``: a separate process that draws each test's inputs, computes the expected results with the
+  library's reference, judges what the kernel sends back and *seals* a passed test (``seal``: an HMAC
+  under a key the kernel never sees); ``protocol``: how they talk (JSON and numpy arrays, never pickle);
+- ``client``: the kernel's side, ``grade(family, *answers)``; ``runners``: how it runs an answer on a
+  case; ``family``: what a test family is, and the judges; ``assignments``: every assignment's families;
+- ``nbgrader_plugin``: the preprocessors that start the referee for nbgrader's autograder and give no
+  points to a test cell without its seal;
+- ``authorship``: what an answer uses of the course library, followed through its globals, closures and
+  helpers (``bytecode``), and recorded while it runs;
+- ``traffic``: count a kernel's memory traffic by running its Python source on arrays that count
+  their accesses — speed graded on a laptop without a GPU; ``ranks``: P MPI ranks simulated as threads,
+  counting every link's traffic; ``atomics``: which writes of a kernel are atomic; ``checks``: Numba's
+  parallel loops, and its warnings silenced.
 
-docs/instructor-guide.md ("Grading speed without a GPU") says how the counts grade performance and
-what they cannot catch.
+docs/instructor-guide.md says how the assignments are graded, what the grader defends against and what
+it cannot.
 """

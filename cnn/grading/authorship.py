@@ -36,10 +36,11 @@ import types
 from contextlib import contextmanager
 from fnmatch import fnmatchcase
 
-from cnn.grading.bytecode import attributes_used, globals_loaded, python_function
+from cnn.grading.bytecode import attributes_used, globals_loaded, modules_imported, python_function
 
 COURSE_PACKAGES = ("cnn", "kernels")
-GRADER = "cnn.grading"      # the grader's own frames (it calls the student's code) are not the student's calls
+GRADER = "cnn.grading"
+IMPORTED = "an import"      # the grader's own frames (it calls the student's code) are not the student's calls
 
 
 def in_course(module_name: str) -> bool:
@@ -94,42 +95,79 @@ def _functions_of(obj) -> list:
     return [inner]
 
 
-def library_reached(function) -> list[tuple[str, str]]:
-    """(qualified name, the global it was reached through) of every course-library object that
-    ``function`` — and the notebook functions it calls — refers to, without running anything."""
-    found: dict[str, str] = {}
-    done, pending = set(), _functions_of(function)
+def _objects_reached(current) -> list[tuple[object, str]]:
+    """(object, the name it was reached through) of everything one function refers to: the globals its
+    code loads, module attributes it names, closures, default arguments, and what those contain."""
+    names = attributes_used(current)
+    queue = [(current.__globals__[name], name) for name in globals_loaded(current) if name in current.__globals__]
+    for variable, cell in zip(current.__code__.co_freevars, current.__closure__ or ()):
+        try:
+            queue.append((cell.cell_contents, variable))
+        except ValueError:                           # an empty cell
+            pass
+    queue += [(value, "a default argument") for value in current.__defaults__ or ()]
+    queue += [(value, "a default argument") for value in (current.__kwdefaults__ or {}).values()]
+    reached, seen = [], set()
+    while queue:
+        value, via = queue.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        reached.append((value, via))
+        queue += [(item, via) for item in _contents(value)]
+        if isinstance(value, types.ModuleType):
+            queue += [(getattr(value, name), f"{via}.{name}") for name in names if hasattr(value, name)]
+    return reached
+
+
+def _walk(function, stop=()):
+    """Yield (function, object, via) for every object reached by ``function`` and, recursively, by the
+    notebook functions and classes it reaches — but not into ``stop``: other parts' answers, graded on their own."""
+    done = {id(inner) for obj in stop for inner in _functions_of(obj)}
+    pending = _functions_of(function)
     while pending:
         current = pending.pop()
         if id(current) in done or not inspect.isfunction(current):
             continue
         done.add(id(current))
-        names = attributes_used(current)
-        queue = [(current.__globals__[name], name) for name in globals_loaded(current) if name in current.__globals__]
-        for variable, cell in zip(current.__code__.co_freevars, current.__closure__ or ()):
-            try:
-                queue.append((cell.cell_contents, variable))
-            except ValueError:                           # an empty cell
-                pass
-        queue += [(value, "a default argument") for value in current.__defaults__ or ()]
-        queue += [(value, "a default argument") for value in (current.__kwdefaults__ or {}).values()]
-        seen = set()
-        while queue:
-            value, via = queue.pop()
-            if id(value) in seen:
-                continue
-            seen.add(id(value))
-            queue += [(item, via) for item in _contents(value)]
-            if isinstance(value, types.ModuleType):
-                if in_course(value.__name__):
-                    found.setdefault(value.__name__, via)
-                queue += [(getattr(value, name), f"{via}.{name}") for name in names if hasattr(value, name)]
-            elif _from_notebook(value):
+        for value, via in _objects_reached(current):
+            if _from_notebook(value) and not isinstance(value, types.ModuleType):
                 pending += _functions_of(value)
-            else:
-                qualified = qualified_name(value)
-                if qualified and in_course(qualified.rsplit(".", 1)[0]) and not isinstance(value, (int, float, str)):
-                    found.setdefault(qualified, via)
+            yield current, value, via
+
+
+def notebook_functions(function, stop=()) -> list:
+    """``function`` and every function of the notebook it reaches (its helpers, their helpers …), not
+    going into ``stop``."""
+    found = {id(inner): inner for inner in _functions_of(function) if inspect.isfunction(inner)}
+    stopped = {id(inner) for obj in stop for inner in _functions_of(obj)}
+    for _, value, _ in _walk(function, stop):
+        if _from_notebook(value):
+            found.update({id(inner): inner for inner in _functions_of(value)
+                          if inspect.isfunction(inner) and id(inner) not in stopped})
+    return list(found.values())
+
+
+def library_reached(function, stop=()) -> list[tuple[str, str]]:
+    """(qualified name, the global it was reached through) of every course-library object that
+    ``function`` — and the notebook functions it calls, other than ``stop`` — refers to or imports,
+    without running anything."""
+    found: dict[str, str] = {}
+    root = _functions_of(function)
+
+    def where(current, via):
+        return via if current in root else f"{via} in {current.__name__}"
+    for current in notebook_functions(function, stop):
+        found.update({name: where(current, IMPORTED) for name in modules_imported(current) if in_course(name)})
+    for current, value, via in _walk(function, stop):
+        via = where(current, via)
+        if isinstance(value, types.ModuleType):
+            if in_course(value.__name__):
+                found.setdefault(value.__name__, via)
+        elif not _from_notebook(value):
+            qualified = qualified_name(value)
+            if qualified and in_course(qualified.rsplit(".", 1)[0]):
+                found.setdefault(qualified, via)
     return sorted(found.items())
 
 
@@ -159,13 +197,13 @@ def library_calls():
     def hook(frame, event, arg):
         code = frame.f_code
         if event == "return":
-            if code in exempt_codes:
+            if code in exempt_codes or code.co_name == "<module>":
                 state.depth = getattr(state, "depth", 1) - 1
             return
         if event != "call":
             return
         depth = getattr(state, "depth", 0)
-        if code in exempt_codes:
+        if code in exempt_codes or code.co_name == "<module>":      # an exempt call, or an import running
             state.depth = depth + 1
             return
         if depth:
@@ -213,14 +251,20 @@ def replacement_refusal() -> str:
             "computed in a separate process, which this cannot reach: refused")
 
 
-def own_work_problems(answers, rules, calls: dict) -> list[str]:
-    """Every library object an answer reaches, or that was called while it ran, that ``rules`` do not allow."""
+def own_work_problems(answers, rules, calls: dict, stop=()) -> list[str]:
+    """Every library object an answer reaches (not through ``stop``: other parts' answers), or that was
+    called while it ran, that ``rules`` do not allow."""
     problems = []
     for answer in answers:
         name = getattr(python_function(answer), "__name__", "your code")
-        for qualified, via in library_reached(answer):
+        itself = qualified_name(answer)
+        if not _from_notebook(answer) and itself and in_course(itself.rsplit(".", 1)[0]) and not allowed(itself, rules):
+            problems.append(f"{name} is the library's {itself}, not a function of yours: write it yourself")
+            continue
+        for qualified, via in library_reached(answer, stop):
             if not allowed(qualified, rules):
-                through = "" if via == qualified.rsplit(".", 1)[-1] else f" (through {via})"
+                through = ("" if via == qualified.rsplit(".", 1)[-1] else " (imported in it)" if via == IMPORTED
+                           else f" (imported{via[len(IMPORTED):]})" if via.startswith(IMPORTED) else f" (through {via})")
                 problems.append(f"{name} uses {qualified}{through}: write it yourself")
     for qualified, caller in calls.items():
         if not allowed(qualified, rules):

@@ -55,6 +55,21 @@ def attributes_used(function) -> set[str]:
             if instruction.opname in ATTRIBUTE_ACCESS}
 
 
+def modules_imported(function) -> set[str]:
+    """Dotted names the function's code imports: ``import a.b`` gives a.b, ``from a import b`` gives a.b."""
+    names = set()
+    for code in code_objects(function):
+        module = None
+        for instruction in dis.get_instructions(code):
+            if instruction.opname == "IMPORT_NAME":
+                module = instruction.argval
+                names.add(module)
+            elif instruction.opname == "IMPORT_FROM" and module:
+                names.discard(module)
+                names.add(f"{module}.{instruction.argval}")
+    return names
+
+
 def builtins_called(function) -> set[str]:
     """The globals loaded that are Python builtins (not shadowed by a global of the function's module)."""
     namespace = python_function(function).__globals__
@@ -75,5 +90,5 @@ def is_blank(function) -> bool:
     instructions = [instruction for instruction in dis.get_instructions(function.__code__)
                     if instruction.opname not in ("RESUME", "NOP", "CACHE", "PRECALL", "CALL", "PUSH_NULL",
                                                   "KW_NAMES")]
-    loads = [instruction.argval for instruction in instructions if instruction.opname in GLOBAL_LOADS]
-    return loads == ["NotImplementedError"] and instructions[-1].opname == "RAISE_VARARGS"
+    return ([(instruction.opname, instruction.argval) for instruction in instructions]
+            == [("LOAD_GLOBAL", "NotImplementedError"), ("RAISE_VARARGS", 1)])

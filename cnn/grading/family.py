@@ -59,10 +59,13 @@ class Case:
 @dataclass(frozen=True)
 class OwnWork:
     """Which answers (by position in ``grade(family, *answers)``) must be the student's own work, and
-    what of the course library they may use: ``rules`` of (pattern, allowed), the last match deciding."""
+    what of the course library they may use: ``rules`` of (pattern, allowed), the last match deciding.
+    ``other_parts`` names the notebook's functions that are other parts' answers (``im2col`` for the
+    convolution built on it): graded by their own tests, they are not followed into here."""
 
     answers: tuple = (0,)
     rules: tuple = LIBRARY
+    other_parts: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Family:
     run: Callable                       # kernel: (inputs, *answers) -> dict of outputs
     own_work: OwnWork | None = OwnWork()
     config: Callable | None = None      # kernel: (*answers) -> dict sent to the referee before the cases
+    sealed: bool = True                 # False for a cell that is not a test (a run the tests then judge)
 
 
 def normal(rng, *shape, dtype=np.float64) -> np.ndarray:
@@ -112,4 +116,30 @@ def equal(name: str, expected, what: str, hint: str = ""):
         shown = got.tolist() if got.size <= 8 else f"an array of shape {got.shape}"
         wanted = expected.tolist() if expected.size <= 8 else f"shape {expected.shape}"
         return Verdict(bool(same), f"{what:<50} right" if same else "", f"{what}: {shown}, expected {wanted}{hint}")
+    return judge
+
+
+def switches(name: str, planes, pooled, size: int, stride: int, tolerance: float, what: str):
+    """A judge: max-pool switches (output ``name``), each the flat index h·W + w of its window's winner in its
+    plane of ``planes`` (N, C, H, W), must point inside its own window at a value equal to the pooled
+    maximum within ``tolerance``. Any maximum of a window is accepted: after a ReLU a window of negatives
+    is all zeros, and a float32 kernel may pick either of two values that round alike."""
+    planes, pooled = np.asarray(planes), np.asarray(pooled)
+    height, width = planes.shape[2:]
+
+    def judge(outputs: dict) -> Verdict:
+        switch = np.asarray(outputs.get(name)).astype(np.int64)
+        if switch.shape != pooled.shape:
+            return Verdict(False, message=f"{what}: shape {switch.shape}, expected {pooled.shape}")
+        rows, cols = np.divmod(switch, width)
+        i, j = np.indices(switch.shape[2:])
+        inside = (switch >= 0) & (rows >= i * stride) & (rows < i * stride + size) & (cols >= j * stride) & (cols < j * stride + size)
+        if not inside.all():
+            return Verdict(False, message=f"{what}: {np.sum(~inside)} of {switch.size} point outside their window (they "
+                                          f"hold h·{width} + w, the winner's position in its {height}×{width} plane)")
+        n, c = np.indices(switch.shape[:2])
+        at_switch = planes[n[..., None, None], c[..., None, None], rows, cols]
+        verdict = close("at", pooled, tolerance, f"value at the {what}")({"at": at_switch})
+        return verdict._replace(message=f"{what}: some switches point at a value that is not the maximum of their "
+                                        f"window ({verdict.message})") if not verdict.ok else verdict
     return judge

@@ -56,7 +56,7 @@ class StartReferee(NbGraderPreprocessor):
     """Start the referee before the kernel, outside it."""
 
     def preprocess(self, nb, resources):
-        referee = RefereeProcess()
+        referee = RefereeProcess(preload=[resources["nbgrader"]["notebook"]])
         resources["cnn_referee"] = referee
         os.environ[ADDRESS_VARIABLE] = referee.address
         return nb, resources

@@ -13,8 +13,8 @@ separate process started before — or apart from — the student's code:
 - when every case of a family has passed (and the kernel has reported the student's own work), it
   seals the verdict (``cnn.grading.seal``) with a key that never leaves this process and its parent.
 
-Run as ``python -I -m cnn.grading.referee``: it prints one JSON line ``{"address": …, "key": …}`` to
-its parent and serves kernels on that Unix socket until its standard input closes (its parent —
+Run as ``python -I -m cnn.grading.referee [assignment …]``: it imports those assignments' tests, prints
+one JSON line ``{"address": …, "key": …}`` to its parent and serves kernels on that Unix socket until its standard input closes (its parent —
 nbgrader's autograder, a test, or a notebook kernel running locally — went away). Messages are
 ``cnn.grading.protocol`` frames, never pickle. ``RefereeProcess`` starts one and stops it.
 """
@@ -62,6 +62,7 @@ class Attempt:
     failure: str = ""
     own_work: list | None = None                      # the kernel's report: problems found (None: not reported)
     needs_own_work: bool = True
+    sealed: bool = True
 
 
 class Session:
@@ -92,7 +93,8 @@ class Referee:
         family = families[name]
         cases = list(family.cases(np.random.default_rng(), message.get("config") or {}, session.memory))
         attempt_id = secrets.token_hex(8)
-        session.attempts[attempt_id] = Attempt(assignment, name, cases, needs_own_work=family.own_work is not None)
+        session.attempts[attempt_id] = Attempt(assignment, name, cases, needs_own_work=family.own_work is not None,
+                                               sealed=family.sealed)
         return {"attempt": attempt_id, "cases": [{"label": case.label, "inputs": case.inputs} for case in cases]}
 
     def _attempt(self, message, session) -> Attempt:
@@ -131,7 +133,7 @@ class Referee:
         elif attempt.own_work:
             reason = "; ".join(attempt.own_work)
         else:
-            return {"passed": True, "seal": seal_line(self.key, attempt.assignment, attempt.family)}
+            return {"passed": True, "seal": seal_line(self.key, attempt.assignment, attempt.family) if attempt.sealed else ""}
         return {"passed": False, "message": reason}
 
 
@@ -154,9 +156,13 @@ def _serve_connection(connection, referee: Referee) -> None:
                 connection.send_bytes(encode({"error": f"the referee could not send its reply: {err}"}))
 
 
-def serve() -> None:
-    """The referee's main: announce the address and the key on stdout, serve until stdin closes."""
+def serve(preload=()) -> None:
+    """The referee's main: import the assignments it will judge (and so the library references they use),
+    announce the address and the key on stdout, serve until stdin closes."""
     from multiprocessing.connection import Listener
+
+    for assignment in preload:
+        families_of(assignment)
 
     folder = tempfile.mkdtemp(prefix="cnn-referee-")
     address = os.path.join(folder, "socket")
@@ -182,12 +188,16 @@ def serve() -> None:
 
 
 class RefereeProcess:
-    """A referee in its own process: ``address`` for kernels to connect to, ``key`` to check its seals."""
+    """A referee in its own process: ``address`` for kernels to connect to, ``key`` to check its seals.
 
-    def __init__(self):
+    ``preload`` names the assignments it will judge: their tests, and the library's references they
+    compare with, are imported before the referee announces itself — before the student's code runs,
+    so that a library file the student's code rewrites on disk is not what the referee compares with."""
+
+    def __init__(self, preload=()):
         environment = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}    # it never runs a kernel: never touch a GPU
-        self._process = subprocess.Popen([sys.executable, "-I", "-m", "cnn.grading.referee"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, env=environment)
+        command = [sys.executable, "-I", "-m", "cnn.grading.referee", *preload]
+        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment)
         line = self._process.stdout.readline()
         if not line:
             raise RuntimeError(f"the grader's referee did not start (exit code {self._process.wait()})")
@@ -211,4 +221,4 @@ class RefereeProcess:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:])

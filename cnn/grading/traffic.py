@@ -9,24 +9,29 @@ measured exactly on a laptop with no GPU:
     traffic.loads("w") / y.size          # global reads of w per output element
     traffic.shared_loads() / (y.size * K)   # shared-memory reads per multiply-add
 
-How it works. Every numpy array handed to the kernel is wrapped in a ``CountedArray``, which
-forwards each ``a[i, j]`` read and ``a[i, j] = v`` write to the real array and adds one to a tally
-kept per array name (the kernel's parameter name). The kernel's Python function (``py_func``) runs
-in Numba's CUDA simulator machinery — one Python thread per CUDA thread, ``syncthreads`` included —
-with a ``cuda`` module whose ``shared.array`` hands out counted arrays too (tallied as shared
-memory) and whose ``atomic`` functions count each atomic update once, apart from plain stores.
-Because the kernel's Python source is run, not the compiled kernel, the count is the same on a
-machine with a GPU as without one (and the simulator need not be switched on).
+How it works. The kernel's Python function (``py_func``) runs in Numba's CUDA simulator machinery —
+one Python thread per CUDA thread, ``syncthreads`` included — on the very objects a simulated launch
+hands a kernel (the simulator's device arrays), whose element reads and writes are tallied per array,
+under the kernel's parameter name, while the count runs. ``cuda.shared.array`` hands out ndarrays that
+count their reads and writes (tallied as shared memory), and ``cuda.atomic`` counts each atomic update
+once, apart from plain stores. Because the kernel's Python source is run, not the compiled kernel, the
+count is the same on a machine with a GPU as without one (and the simulator need not be switched on).
 
 ``count_python`` does the same for a CPU function (the Python function behind an ``@njit``
 dispatcher; ``prange`` is ``range`` there): it counts the element reads and writes of its array
-arguments and records every array the function allocates with ``np.empty``, ``np.zeros`` … — how
-large a temporary a fused loop needs is what fusion is about.
+arguments and records every array the function allocates with numpy's constructors (``np.empty``,
+``np.zeros`` … — through the module or a global bound to one of them) — how large a temporary a fused
+loop needs is what fusion is about.
 
-What it cannot see: accesses through another name for numpy or for the cuda module, arrays that
-are not arguments, caches (a re-read that a GPU's L1 would serve still counts), registers
-(a value kept in a local variable is not counted, as it should not be), and anything about time.
-docs/instructor-guide.md ("Grading speed without a GPU") says what that means for grading.
+A count can be cheated only by code that knows it is counted. ``compiled_code_problems`` refuses what
+could tell: calling ``type``, ``isinstance``, ``getattr`` … or reading a private attribute (``x._ary``)
+— none of which compiles in a GPU kernel or an ``@njit`` function anyway. And the families that grade a
+count also check that the counted run computed the right values and read every input at least once: a
+kernel that hid its reads from the counter reads fewer than any correct kernel can.
+
+What it cannot see: arrays that are not arguments, caches (a re-read that a GPU's L1 would serve still
+counts), registers (a value kept in a local variable is not counted, as it should not be), and
+anything about time. docs/instructor-guide.md ("Grading speed without a GPU") says what that means.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from cnn.grading.bytecode import attributes_used, builtins_called, python_function, referenced_globals
 
 GLOBAL, SHARED = "global", "shared"
 LOADS, STORES, ATOMICS = "loads", "stores", "atomics"
@@ -64,57 +71,89 @@ class CountedArray(NDArrayOperatorsMixin):
 
     ``a[i, j]`` is one load and ``a[i, j] = v`` one store; a slice is a view that counts when its
     elements are used; handing the array to numpy (``np.sum(a)``, ``a * 2``) loads every element.
+    What it holds is private: code that reaches for it is refused (``compiled_code_problems``).
     """
 
-    __slots__ = ("array", "name", "tally", "space")
+    __slots__ = ("_array", "_name", "_tally", "_space")
 
     def __init__(self, array: np.ndarray, name: str, tally: Tally, space: str = GLOBAL):
-        self.array, self.name, self.tally, self.space = array, name, tally, space
+        self._array, self._name, self._tally, self._space = array, name, tally, space
 
-    shape = property(lambda self: self.array.shape)
-    size = property(lambda self: self.array.size)
-    ndim = property(lambda self: self.array.ndim)
-    dtype = property(lambda self: self.array.dtype)
+    shape = property(lambda self: self._array.shape)
+    size = property(lambda self: self._array.size)
+    ndim = property(lambda self: self._array.ndim)
+    dtype = property(lambda self: self._array.dtype)
 
     def __len__(self) -> int:
-        return len(self.array)
+        return len(self._array)
 
     def __getitem__(self, index):
-        value = self.array[index]
+        value = self._array[index]
         if isinstance(value, np.ndarray):
-            return CountedArray(value, self.name, self.tally, self.space)
-        self.tally.add(self.space, LOADS, self.name)
+            return CountedArray(value, self._name, self._tally, self._space)
+        self._tally.add(self._space, LOADS, self._name)
         return value
 
     def __setitem__(self, index, value) -> None:
         if isinstance(value, CountedArray):
             value = np.asarray(value)
-        self.array[index] = value
-        self.tally.add(self.space, STORES, self.name, int(np.size(self.array[index])))
+        self._array[index] = value
+        self._tally.add(self._space, STORES, self._name, int(np.size(self._array[index])))
 
     def __iter__(self):
-        return (self[i] for i in range(len(self.array)))
+        return (self[i] for i in range(len(self._array)))
 
     def __array__(self, dtype=None, copy=None):
-        self.tally.add(self.space, LOADS, self.name, self.array.size)
-        return self.array if dtype is None else self.array.astype(dtype)
+        self._tally.add(self._space, LOADS, self._name, self._array.size)
+        return self._array if dtype is None else self._array.astype(dtype)
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         inputs = tuple(np.asarray(value) if isinstance(value, CountedArray) else value for value in inputs)
         if out is not None:
             for target in out:
                 if isinstance(target, CountedArray):
-                    target.tally.add(target.space, STORES, target.name, target.array.size)
-            kwargs["out"] = tuple(target.array if isinstance(target, CountedArray) else target for target in out)
+                    target._tally.add(target._space, STORES, target._name, target._array.size)
+            kwargs["out"] = tuple(target._array if isinstance(target, CountedArray) else target for target in out)
         return getattr(ufunc, method)(*inputs, **kwargs)
 
-    def __getattr__(self, attribute):            # a method (a.sum(), a.copy()) reads the whole array
-        if attribute.startswith("__"):            # numpy probing for its protocols: not a method call
+    def __getattr__(self, attribute):            # a method (a.sum(), a.max()) reads the whole array
+        if attribute.startswith("_"):             # numpy probing for its protocols, or a look inside: no
             raise AttributeError(attribute)
         return getattr(np.asarray(self), attribute)
 
+    # Views and copies stay counted: a copy reads every element once, and reading the copy still counts
+    # (``x = x.copy()`` must not take a function's later reads past the counter).
+    def _view(self, array: np.ndarray) -> "CountedArray":
+        return CountedArray(array, self._name, self._tally, self._space)
+
+    def _copied(self, array: np.ndarray) -> "CountedArray":
+        self._tally.add(self._space, LOADS, self._name, self._array.size)
+        with self._tally._lock:
+            self._tally.allocations.append(("copy", array.shape))
+        return self._view(array)
+
+    def copy(self, *args, **kwargs):
+        return self._copied(self._array.copy(*args, **kwargs))
+
+    def astype(self, *args, **kwargs):
+        return self._copied(self._array.astype(*args, **kwargs))
+
+    def flatten(self, *args, **kwargs):
+        return self._copied(self._array.flatten(*args, **kwargs))
+
+    def reshape(self, *args, **kwargs):
+        return self._view(self._array.reshape(*args, **kwargs))
+
+    def ravel(self, *args, **kwargs):
+        return self._view(self._array.ravel(*args, **kwargs))
+
+    def transpose(self, *args, **kwargs):
+        return self._view(self._array.transpose(*args, **kwargs))
+
+    T = property(lambda self: self._view(self._array.T))
+
     def __repr__(self) -> str:
-        return f"CountedArray({self.name!r}, shape={self.array.shape}, dtype={self.array.dtype})"
+        return f"CountedArray({self._name!r}, shape={self._array.shape}, dtype={self._array.dtype})"
 
 
 class Traffic:
@@ -169,8 +208,9 @@ def count_cuda(kernel, grid, block, *args) -> Traffic:
     """Run ``kernel[grid, block](*args)`` from its Python source, counting every array access.
 
     Numpy arrays among ``args`` are updated in place, as a launch would; they are tallied under
-    the names of the kernel's parameters. Works with or without a GPU and with or without the
-    simulator switched on, because only the kernel's Python function runs.
+    the names of the kernel's parameters. The kernel sees them as a simulated launch shows them, as
+    the simulator's device arrays. Works with or without a GPU and with or without the simulator
+    switched on, because only the kernel's Python function runs.
     """
     from numba.cuda.errors import normalize_kernel_dimensions
     from numba.cuda.simulator.kernel import BlockManager, _push_kernel_context
@@ -178,26 +218,96 @@ def count_cuda(kernel, grid, block, *args) -> Traffic:
 
     function = python_function(kernel)
     tally = Tally()
-    counted, arrays = _counted_arguments(function, args, tally)
+    arrays = _named_arrays(function, args)
+    devices = _DeviceArrays(tally)
+    launched = [devices.wrap(value, name) if isinstance(value, np.ndarray) else value
+                for name, value in zip(inspect.signature(function).parameters, args)]
     grid_dim, block_dim = normalize_kernel_dimensions(grid, block)
-    module = _counting_cuda_module(grid_dim, block_dim, tally)
+    module = _counting_cuda_module(grid_dim, block_dim, tally, devices)
     with ExitStack() as stack:
+        stack.enter_context(devices.counting())
         stack.enter_context(_push_kernel_context(module))
         stack.enter_context(swapped_cuda_module(function, module))
         stack.enter_context(_compiled_helpers_as_python(function, cuda=True))
         for block_index in np.ndindex(*grid_dim):
-            BlockManager(function, grid_dim, block_dim, False).run(block_index, *counted)
+            BlockManager(function, grid_dim, block_dim, False).run(block_index, *launched)
     return Traffic(tally, arrays)
 
 
-def _counting_cuda_module(grid_dim, block_dim, tally: Tally):
+class _DeviceArrays:
+    """The simulator's device arrays of a counted launch: while ``counting()``, their element reads and
+    writes are tallied (views count under their parent's name); other device arrays are left alone."""
+
+    def __init__(self, tally: Tally):
+        self.tally, self.names = tally, {}          # id(FakeCUDAArray) -> (the array, its name)
+
+    def wrap(self, array: np.ndarray, name: str):
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray, FakeWithinKernelCUDAArray
+
+        device = FakeCUDAArray(array)
+        self.names[id(device)] = (device, name)
+        return FakeWithinKernelCUDAArray(device)
+
+    def name_of(self, device) -> str | None:
+        entry = self.names.get(id(device))
+        return entry[1] if entry is not None else None
+
+    @contextmanager
+    def counting(self):
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        get, put = FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__
+        tally, names = self.tally, self.names
+
+        def counted_get(device, index):
+            value = get(device, index)
+            name = self.name_of(device)
+            if name is not None:
+                if isinstance(value, FakeCUDAArray):
+                    names[id(value)] = (value, name)
+                else:
+                    tally.add(GLOBAL, LOADS, name)
+            return value
+
+        def counted_put(device, index, value):
+            put(device, index, value)
+            name = self.name_of(device)
+            if name is not None:
+                tally.add(GLOBAL, STORES, name, int(np.size(device._ary[index])))
+
+        FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__ = counted_get, counted_put
+        try:
+            yield
+        finally:
+            FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__ = get, put
+
+
+def _counting_cuda_module(grid_dim, block_dim, tally: Tally, devices: _DeviceArrays):
     """The simulator's in-kernel ``cuda`` module, with counted shared arrays and counted atomics."""
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
 
     module = FakeCUDAModule(grid_dim, block_dim, 0)
     module._shared = _CountedShared(tally)
-    module._atomic = _CountedAtomic(module._atomic, tally)
+    module._atomic = _CountedAtomic(module._atomic, tally, devices)
     return module
+
+
+class SharedTile(np.ndarray):
+    """A shared-memory array that tallies its element reads and writes (views share the tally)."""
+
+    def __array_finalize__(self, parent):
+        self._tally, self._name = getattr(parent, "_tally", None), getattr(parent, "_name", "shared")
+
+    def __getitem__(self, index):
+        value = super().__getitem__(index)
+        if not isinstance(value, np.ndarray) and self._tally is not None:
+            self._tally.add(SHARED, LOADS, self._name)
+        return value
+
+    def __setitem__(self, index, value):
+        super().__setitem__(index, value)
+        if self._tally is not None:
+            self._tally.add(SHARED, STORES, self._name, int(np.size(np.ndarray.__getitem__(self, index))))
 
 
 class _CountedShared:
@@ -215,7 +325,9 @@ class _CountedShared:
         with self._lock:
             if where not in self._arrays:
                 dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else np.dtype(dtype)
-                self._arrays[where] = CountedArray(np.zeros(shape, dtype), _declared_name(*where), self._tally, SHARED)
+                tile = np.zeros(shape, dtype).view(SharedTile)
+                tile._tally, tile._name = self._tally, _declared_name(*where)
+                self._arrays[where] = tile
             return self._arrays[where]
 
 
@@ -228,16 +340,24 @@ def _declared_name(filename: str, line: int) -> str:
 class _CountedAtomic:
     """``cuda.atomic``: each update of a counted array is tallied once as an atomic, then done for real."""
 
-    def __init__(self, atomic, tally: Tally):
-        self._atomic, self._tally = atomic, tally
+    def __init__(self, atomic, tally: Tally, devices: _DeviceArrays):
+        self._atomic, self._tally, self._devices = atomic, tally, devices
 
     def __getattr__(self, operation):
         real = getattr(self._atomic, operation)
 
         def counted(array, index, *values):
-            if isinstance(array, CountedArray):
-                self._tally.add(array.space, ATOMICS, array.name)
-                array = array.array
+            device = getattr(array, "_item", None)             # a launch's FakeWithinKernelCUDAArray
+            name = self._devices.name_of(device) if device is not None else None
+            if name is not None:
+                self._tally.add(GLOBAL, ATOMICS, name)
+                array = device._ary
+            elif isinstance(array, SharedTile):
+                self._tally.add(SHARED, ATOMICS, array._name)
+                array = array.view(np.ndarray)
+            elif isinstance(array, CountedArray):
+                self._tally.add(array._space, ATOMICS, array._name)
+                array = array._array
             return real(array, index, *values)
         return counted
 
@@ -246,10 +366,12 @@ class _CountedAtomic:
 
 def count_python(function, *args):
     """Run the Python function behind ``function`` (an ``@njit`` dispatcher or a plain function) on
-    counted arrays; return (its result, Traffic). Allocations through ``np.*`` are recorded."""
+    counted arrays; return (its result, Traffic). Allocations through numpy's constructors are recorded."""
     python = python_function(function)
     tally = Tally()
-    counted, arrays = _counted_arguments(python, args, tally)
+    arrays = _named_arrays(python, args)
+    counted = [CountedArray(value, name, tally) if isinstance(value, np.ndarray) else value
+               for name, value in zip(inspect.signature(python).parameters, args)]
     with _compiled_helpers_as_python(python, cuda=False), _numpy_recording_allocations(python, tally):
         result = python(*counted)
     return result, Traffic(tally, arrays)
@@ -257,9 +379,17 @@ def count_python(function, *args):
 
 @contextmanager
 def _numpy_recording_allocations(function, tally: Tally):
-    """While inside, the function's global name for numpy is a stand-in that records allocations."""
+    """While inside, the function's global names for numpy, and for numpy's array constructors
+    (``from numpy import empty``, ``_empty = np.empty``), are stand-ins that record allocations."""
     recorder = _AllocationRecorder(tally)
-    with _globals_replaced(function, lambda value: recorder if value is np else None):
+    constructors = {id(getattr(np, name)): name for name in ALLOCATORS + ("asarray", "asfortranarray")}
+
+    def stand_in(value):
+        if value is np:
+            return recorder
+        name = constructors.get(id(value))
+        return getattr(recorder, name) if name is not None else None
+    with _globals_replaced(function, stand_in):
         yield
 
 
@@ -271,10 +401,14 @@ class _AllocationRecorder:
 
     def __getattr__(self, name):
         real = getattr(np, name)
+        if name in ("asarray", "ascontiguousarray", "asfortranarray"):
+            return lambda a, *args, **kwargs: a if isinstance(a, CountedArray) else real(a, *args, **kwargs)
         if name not in ALLOCATORS:
             return real
 
         def allocate(*args, **kwargs):
+            if name in ("array", "copy") and args and isinstance(args[0], CountedArray):
+                return args[0].copy()                  # a counted copy: its reads still count
             args = tuple(np.asarray(a) if isinstance(a, CountedArray) else a for a in args)
             result = real(*args, **kwargs)
             with self._tally._lock:
@@ -283,41 +417,50 @@ class _AllocationRecorder:
         return allocate
 
 
+# -- what compiled code cannot do ---------------------------------------------------------------------
+
+#: builtins that inspect an object instead of computing with it: none compiles in a GPU kernel or in
+#: Numba's nopython mode, and any could tell a counted array from a plain one
+INTROSPECTION = ("type", "isinstance", "issubclass", "getattr", "hasattr", "setattr", "delattr", "vars", "dir", "id",
+                 "globals", "locals", "eval", "exec", "compile", "__import__", "open", "repr", "callable", "super",
+                 "object", "memoryview", "breakpoint", "input")
+
+
+#: attributes that read an array other than by indexing it: the counter would not see those reads
+UNWRAPPING = ("copy_to_host", "view", "base", "data", "ctypes", "tolist", "item", "tobytes", "flat")
+
+
+def compiled_code_problems(function) -> list[str]:
+    """Why the grader refuses to count ``function`` (and the notebook functions it calls): it inspects
+    what it is given — an introspection builtin, or a private attribute (``x._ary``) — which compiled
+    code cannot do, and which is the only way to tell a counted array from a plain one. Empty if none."""
+    from cnn.grading.authorship import notebook_functions
+
+    problems = []
+    for current in notebook_functions(function):
+        called = sorted(builtins_called(current) & set(INTROSPECTION))
+        private = sorted(name for name in attributes_used(current) if name.startswith("_") or name in UNWRAPPING)
+        if called:
+            problems.append(f"{current.__name__} calls {', '.join(name + '()' for name in called)}, which compiled "
+                            f"code cannot: the grader does not count code that inspects what it is given — refused")
+        if private:
+            problems.append(f"{current.__name__} reads {', '.join('.' + name for name in private)}: it reaches inside "
+                            f"what it is given instead of indexing it, which a GPU kernel cannot — the grader does "
+                            f"not count code that inspects what it is given, refused")
+    return problems
+
+
 # -- shared plumbing ---------------------------------------------------------------------------------
 
-def python_function(obj):
-    """The Python function behind a Numba dispatcher (``@njit``, ``@cuda.jit``, simulated), else ``obj``."""
-    for attribute in ("py_func", "fn"):
-        inner = getattr(obj, attribute, None)
-        if callable(inner):
-            return inner
-    return obj
-
-
-def _counted_arguments(function, args, tally: Tally):
-    """Wrap each numpy array argument in a CountedArray named after its parameter."""
+def _named_arrays(function, args) -> dict[str, np.ndarray]:
+    """{parameter name: array} of the numpy arrays among ``args``; checks the count of arguments."""
     names = list(inspect.signature(function).parameters)
     if len(args) != len(names):
         raise TypeError(f"{function.__name__} takes {len(names)} arguments ({', '.join(names)}), got {len(args)}")
-    counted, arrays = [], {}
     for name, value in zip(names, args):
-        if hasattr(value, "copy_to_host"):          # a device array: count on its host copy
+        if hasattr(value, "copy_to_host"):
             raise TypeError(f"argument {name}: pass numpy arrays, not device arrays, to count a kernel's traffic")
-        if isinstance(value, np.ndarray):
-            arrays[name] = value
-            value = CountedArray(value, name, tally)
-        counted.append(value)
-    return counted, arrays
-
-
-def _referenced_globals(function) -> set[str]:
-    """Global names the function's code (nested functions included) refers to."""
-    names, codes = set(), [function.__code__]
-    while codes:
-        code = codes.pop()
-        names.update(code.co_names)
-        codes.extend(const for const in code.co_consts if inspect.iscode(const))
-    return names
+    return {name: value for name, value in zip(names, args) if isinstance(value, np.ndarray)}
 
 
 @contextmanager
@@ -358,7 +501,7 @@ def _globals_replaced(function, replacement):
     """Swap the globals the function refers to for ``replacement(value)`` where that is not None."""
     namespace = function.__globals__
     saved = {}
-    for name in _referenced_globals(function):
+    for name in referenced_globals(function):
         if name in namespace and name not in saved:
             new = replacement(namespace[name])
             if new is not None:
