@@ -13,6 +13,8 @@
 #                                          # stages 4-7 on both networks (phase by phase and back to back), the
 #                                          # ablation's two tiled-conv rows, Nsight Compute per kernel (if present);
 #                                          # then predict-vs-measured-GPU-DATE.json: each prediction beside its measurement
+#   sh benchmarks/gpu_session.sh a10       # assignment 10's solution kernels (untiled, tiled, register-blocked, and
+#                                          # two slower variants) on a 2048^3 product: a10-tiled-dense-GPU-DATE.json
 #
 # Parts chain: `sh benchmarks/gpu_session.sh bench train`. A GPU machine that cannot reach the
 # network needs MNIST carried along (the four IDX .gz files in data/mnist/, git-ignored). numba-cuda
@@ -26,7 +28,7 @@ export CNN_DATA_DIR="${CNN_DATA_DIR:-data}"
 PYTHON="${PYTHON:-python3}"
 results=benchmarks/results
 mkdir -p "$results"
-[ $# -gt 0 ] || { echo "gpu_session.sh: which parts? check, bench, profile, train, fused-net, predict" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "gpu_session.sh: which parts? check, bench, profile, train, fused-net, predict, a10" >&2; exit 2; }
 
 if ls .whl/numpy-*.whl >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/numpy-*.whl
@@ -103,8 +105,12 @@ for part in "$@"; do
         done
         run "$PYTHON" -m cnn bench --predict --vs-measured --out-dir "$results"
         ;;
+    a10)                      # the instructor guide's assignment-10 times, from a file (~1 minute)
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
+        run "$PYTHON" assignments/instructor/time_a10.py --out "$results/a10-tiled-dense-$gpu-$(date +%F).json"
+        ;;
     *)
-        echo "gpu_session.sh: unknown part '$part' (check, bench, profile, train, fused-net, predict, or ablation-MODEL-BATCH)" >&2
+        echo "gpu_session.sh: unknown part '$part' (check, bench, profile, train, fused-net, predict, a10, or ablation-MODEL-BATCH)" >&2
         exit 2
         ;;
     esac
