@@ -41,7 +41,7 @@ ncu_kernels() {   # $1 model, $2 batch: every kernel of two cuda-tuned training 
     ncu --profile-from-start off --clock-control none --csv --log-file "$results/ncu-cuda-tuned-$1-b$2.csv" \
         --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
         "$PYTHON" -m cnn bench --profile cuda-tuned --model "$1" --batch-size "$2" --data random --steps 2 --min-steps 1 --budget 1 \
-        > /dev/null
+        --out-dir "$results" > /dev/null
 }
 
 failures=0
@@ -54,22 +54,23 @@ for part in "$@"; do
     check)
         "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/test_tiled_kernels.py tests/test_cuda_tuned.py \
             2>&1 | tee "$results/gpu-tests-stage7.log"
-        run "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model lenet5 --batch-size 64 --budget 15
-        run "$PYTHON" -m cnn bench --stages cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 --data random \
-            --budget 15
+        run "$PYTHON" -m cnn bench --stage cuda-ring,cuda-tuned --model lenet5 --batch-size 64 --budget 15 --out-dir "$results"
+        run "$PYTHON" -m cnn bench --stage cuda-ring,cuda-tuned --model alexnet-small --batch-size 128 --data random \
+            --budget 15 --out-dir "$results"
         run ncu_kernels lenet5 64
         run ncu_kernels alexnet-small 128
         ;;
     bench)
         "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$results/gpu-tests.log"
-        run "$PYTHON" -m cnn bench --model lenet5 --batch-size 64 --stages numpy,numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned
+        run "$PYTHON" -m cnn bench --model lenet5 --batch-size 64 --stage numpy,numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned \
+            --out-dir "$results"
         run "$PYTHON" -m cnn bench --model alexnet-small --batch-size 128 --data random \
-            --stages numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned
+            --stage numba-cpu,cuda,cuda-fused,cuda-ring,cuda-tuned --out-dir "$results"
         ;;
     profile)
         for model_batch in "lenet5 64" "alexnet-small 128"; do
             set -- $model_batch
-            run "$PYTHON" -m cnn bench --ablation --model "$1" --batch-size "$2"
+            run "$PYTHON" -m cnn bench --ablation --model "$1" --batch-size "$2" --out-dir "$results"
         done
         ;;
     ncu)                      # Nsight Compute kernel times of cuda-tuned, both networks
@@ -78,7 +79,7 @@ for part in "$@"; do
         ;;
     ablation-*)               # one model's ablation: ablation-lenet5-64, ablation-alexnet-small-128
         spec=${part#ablation-}
-        run "$PYTHON" -m cnn bench --ablation --model "${spec%-*}" --batch-size "${spec##*-}"
+        run "$PYTHON" -m cnn bench --ablation --model "${spec%-*}" --batch-size "${spec##*-}" --out-dir "$results"
         ;;
     train)
         gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
@@ -88,9 +89,10 @@ for part in "$@"; do
     fused-net)                # stage 8 (issue 21): ~7 minutes on an H100
         "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_fused_net.py \
             2>&1 | tee "$results/gpu-tests-stage8.log"
-        run "$PYTHON" -m cnn bench --stage cuda-tuned,cuda-fused-net --model lenet5 --batch-size 64 --budget 15
+        run "$PYTHON" -m cnn bench --stage cuda-tuned,cuda-fused-net --model lenet5 --batch-size 64 --budget 15 \
+            --out-dir "$results"
         run "$PYTHON" -m cnn bench --stage cuda-tuned,cuda-fused-net --model alexnet-small --batch-size 128 \
-            --data random --budget 15
+            --data random --budget 15 --out-dir "$results"
         gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
         run "$PYTHON" -m cnn train --stage cuda-fused-net --epochs 10 --no-progress \
             --out "$results/train-lenet5-cuda-fused-net-10ep-$gpu-$(date +%F).json"

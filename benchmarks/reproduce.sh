@@ -13,7 +13,7 @@
 #    of docs/profiling.md and the stage docstrings (GPU files only: unchanged unless those changed)
 # Run it on a quiet machine: the results note the load average they were taken under.
 set -e
-python -m cnn bench --demo --out benchmarks/results
-python -m cnn bench --memory
+python -m cnn bench --demo --out-dir benchmarks/results
+python -m cnn bench --memory --out-dir benchmarks/results
 python -m cnn bench --update-readme
 python -m cnn bench --update-docs
