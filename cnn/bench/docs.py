@@ -173,8 +173,8 @@ def stage5_block(out_dir, page: Path) -> str:
         return "No GPU benchmark of stages cuda and cuda-fused in the results files yet."
     return "\n".join(lines + ["", "The single operations (conv_backward, maxpool_backward, pull against push) have not "
                                   "been timed on a GPU yet:",
-                              "    python -m cnn bench --op conv-backward --stages cuda,cuda-fused",
-                              "    python -m cnn bench --op maxpool-backward --stages cuda,cuda-fused"])
+                              "    python -m cnn bench --op conv-backward --stage cuda,cuda-fused",
+                              "    python -m cnn bench --op maxpool-backward --stage cuda,cuda-fused"])
 
 
 def stage7_block(out_dir, page: Path) -> str:

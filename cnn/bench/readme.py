@@ -102,7 +102,7 @@ def headline_block(out_dir, page: Path) -> str:
 
     data = headline.headline(out_dir=out_dir)
     if not data["rows"]:
-        body = ["No quiet bench results yet (`python -m cnn bench --out benchmarks/results` on a quiet machine)."]
+        body = ["No quiet bench results yet (`python -m cnn bench --out-dir benchmarks/results` on a quiet machine)."]
     else:
         picture = relative_link(headline.HEADLINE_PICTURE, page)
         link = lambda path: f"[`{Path(path).name}`]({relative_link(path, page)})"
@@ -171,7 +171,7 @@ def cmd_update_readme(args) -> int:
     out = args.out or RESULTS_DIR
     paths = args.update_readme or published_results(out)
     if not paths and not shown_results(out):
-        raise ValueError(f"no bench-*.json results in {out}; run python -m cnn bench --out {out} first")
+        raise ValueError(f"no bench-*.json results in {out}; run python -m cnn bench --out-dir {out} first")
     readme = update_readme(args.readme, paths, out_dir=out)
     print(f"{readme}: generated blocks rewritten from the quiet results files in {out}")
     for line in recorded.publication_lines(out):

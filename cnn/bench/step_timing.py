@@ -236,7 +236,7 @@ def selected_stages(spec: str | None) -> list[str]:
     chosen = [name.strip() for name in spec.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in names]
     if unknown or not chosen:
-        raise ValueError(f"--stages: unknown stage {', '.join(unknown) or repr(spec)}; choose from {', '.join(names)}")
+        raise ValueError(f"--stage: unknown stage {', '.join(unknown) or repr(spec)}; choose from {', '.join(names)}")
     return chosen
 
 

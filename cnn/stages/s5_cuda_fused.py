@@ -72,8 +72,8 @@ Measured on NVIDIA H100 80GB HBM3, 2026-11-23 (python -m cnn bench; ms a trainin
         (commit f5350bb: benchmarks/results/bench-alexnet-small-b128-intel-xeon-processor-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json)
 
 The single operations (conv_backward, maxpool_backward, pull against push) have not been timed on a GPU yet:
-    python -m cnn bench --op conv-backward --stages cuda,cuda-fused
-    python -m cnn bench --op maxpool-backward --stages cuda,cuda-fused
+    python -m cnn bench --op conv-backward --stage cuda,cuda-fused
+    python -m cnn bench --op maxpool-backward --stage cuda,cuda-fused
 <!-- generated:gpu-table end -->
 
 The simulator cannot give these: it runs threads one block at a time in Python and its events

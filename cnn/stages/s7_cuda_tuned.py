@@ -62,8 +62,8 @@ NOT YET MEASURED ON A GPU. On a GPU machine::
 
     python -m cnn bench --profile cuda-ring --model lenet5 --batch-size 64 --data random
     python -m cnn bench --profile cuda-ring --model alexnet-small --batch-size 128 --data random
-    nsys profile -o ring python -m cnn bench --stages cuda-ring --model lenet5 --batch-size 64 --data random
-    ncu --set full -k regex:conv_relu_pool -c 4 python -m cnn bench --stages cuda-ring --steps 3 --warmup 1
+    nsys profile -o ring python -m cnn bench --stage cuda-ring --model lenet5 --batch-size 64 --data random
+    ncu --set full -k regex:conv_relu_pool -c 4 python -m cnn bench --stage cuda-ring --steps 3 --warmup 1
 
 The fixes (``FIXES``, in the order the ablation adds them)
 ---------------------------------------------------------
@@ -129,7 +129,7 @@ The profile after, and what each fix bought
 -------------------------------------------
 ``python -m cnn bench --ablation --model M --batch-size B`` times cuda-ring, each fix alone on top
 of what it needs, and the fixes added one by one (``benchmarks/results/ablation-*.json``; refuses
-in the simulator); ``python -m cnn bench --stages ...`` puts the stages beside PyTorch, eager and
+in the simulator); ``python -m cnn bench --stage ...`` puts the stages beside PyTorch, eager and
 as one CUDA graph, phase by phase and back to back. The measured tables are in
 ``docs/profiling.md``, generated from the committed results files.
 

@@ -104,11 +104,11 @@ def exercise_3(fast: bool) -> None:
     share of the step — what stages 6 and 7 then attack. `plots.breakdown_plot(result, save_to=None)`
     draws the same numbers as stacked bars.
     """
-    flags = ["--stages", "numpy" if fast else "loops,numpy,numba-cpu", "--reference", "none", "--no-plots"]
+    flags = ["--stage", "numpy" if fast else "loops,numpy,numba-cpu", "--reference", "none", "--no-plots"]
     flags += ["--batch-size", "8", "--steps", "2", "--warmup", "1", "--min-steps", "1", "--budget", "2"] if fast else []
     environment = {name: value for name, value in os.environ.items() if name != "NUMBA_ENABLE_CUDASIM"}  # CPU stages
     with tempfile.TemporaryDirectory() as out:
-        done = subprocess.run([sys.executable, "-m", "cnn", "bench", *flags, "--out", out], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "cnn", "bench", *flags, "--out-dir", out], capture_output=True,
                               text=True, env=environment, timeout=1800)
         assert done.returncode == 0, done.stderr[-2000:]
         result = json.loads(next(Path(out).glob("bench-*.json")).read_text())
