@@ -85,23 +85,23 @@ so wall-clock times are inflated several times and noisy; ratios of rows timed i
 turns are what to read, and the coordinator re-runs them on a quiet machine):
 
 1. Per-core speed — the block schedule, then four by four. One thread, one LeNet-5 step at
-   batch 64; a fresh process per version, the versions taking turns, 3 rounds of 40 steps each;
-   the thread's CPU time a step (less sensitive to the load than the wall clock), load 32
-   (measured by the script that became ``--versions``)::
+   batch 64; a fresh process per version, the versions taking turns, 3 rounds of 40 steps; the
+   thread's CPU time a step (less sensitive to the load than the wall clock); load 9.5-6.8::
 
-       python benchmarks/numba_vs_torch.py --versions aefc889,335e2f5,4c3b21c --threads 1 --repeats 40
+       python benchmarks/numba_vs_torch.py --versions aefc889,335e2f5,4c3b21c,HEAD --threads 1 --repeats 40
 
-       first version (a region per layer)        4.62-4.96-5.17 ms  (min-median-max of 3 rounds)
-       block schedule, 4 taps a pass, 2x2 pool   4.60-4.64-4.89 ms  0.89-0.99-1.00 x the previous
-       4 x 4 tiles, branchless pooling           3.43-3.44-3.72 ms  0.70-0.75-0.80 x the previous
+       aefc889  first version (a region per layer)      4.66-4.85-4.86 ms  (min-median-max of 3 rounds)
+       335e2f5  block schedule, 4 taps a pass, 2x2 pool 4.42-4.43-4.48 ms  0.91-0.92-0.95 x the previous
+       4c3b21c  4 x 4 tiles, branchless pooling         3.05-3.12-3.22 ms  0.69-0.70-0.73 x the previous
+       HEAD     passive threads, free cores only        3.06-3.19-3.29 ms  0.98-1.02-1.05 x the previous
 
    The block schedule changes little on one thread (it was made for the barriers); the 4 x 4
-   passes take a quarter off. Against PyTorch on one thread (the thread's CPU time, the two taking
-   turns in one process, LeNet-5 b64, 5 rounds of 10-20 steps; a throwaway script, not kept; five
-   runs at loads 8-30): numba-cpu / PyTorch 0.42, 0.46, 0.50,
-   0.54, 0.60 (3.3-4.3 ms against 5.2-9.3 ms). AlexNet-small b128 (3 rounds of 3 steps, load
-   30): 157 against 136 ms, 1.15 — slower than PyTorch there: its wide convolutions (32-64
-   channels on 8-16 pixel planes) waste 23-44 % on the straddling columns and stream their
+   passes take 30 % off; the thread policy costs nothing on one thread. Against PyTorch on one
+   thread (the thread's CPU time, the two taking turns in one process, LeNet-5 b64, 5 rounds of
+   10-20 steps; a throwaway script, not kept; five runs at loads 8-30): numba-cpu / PyTorch 0.42,
+   0.46, 0.50, 0.54, 0.60 (3.3-4.3 ms against 5.2-9.3 ms). AlexNet-small b128 (3 rounds of 3
+   steps, load 30): 157 against 136 ms, 1.15 — slower than PyTorch there: its wide convolutions
+   (32-64 channels on 8-16 pixel planes) waste 23-44 % on the straddling columns and stream their
    blocks from L2; oneDNN's blocked kernels do better. Wall clock, rows taking turns
    (``python benchmarks/numba_vs_torch.py --model alexnet-small --repeats 12 --rows
    numba-cpu,torch-cpu``, load 15-20): 400 against 334 ms on 1 thread (1.20), 364 against 937 ms
@@ -109,26 +109,30 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    0.91x.
 
 2. Threads on a busy machine. ``python benchmarks/numba_vs_torch.py --repeats 30 --loaded``
-   (a competing process keeps one core busy; load 10-16 besides; the rows in a new random order
-   every turn; benchmarks/results/numba_vs_torch-lenet5-b64-loaded-vm-2026-11-25.json), median
-   ms a step, then 2 threads over 1::
+   (a competing process keeps one core busy; load 6 besides; the rows in a new random order every
+   turn; benchmarks/results/numba_vs_torch-lenet5-b64-loaded-vm-2026-11-25.json), median ms a
+   step, then 2 threads over 1::
 
-       numba-cpu (blocks, free cores only)    17.3 on 1 thread, 11.4 on 2: 0.66x
-       numba-cpu-fixed (blocks, always 2)     15.0 on 1 thread, 49.9 on 2: 3.34x
-       numba-cpu-layers (the first schedule)  15.4 on 1 thread, 271 on 2:  17.6x
-       PyTorch 2.13 (its OpenMP spins)        17.9 on 1 thread, 253 on 2:  14.1x
+       numba-cpu (blocks, free cores only)    12.2 on 1 thread, 13.1 on 2: 1.07x
+       numba-cpu-fixed (blocks, always 2)      7.2 on 1 thread, 15.5 on 2: 2.14x
+       numba-cpu-layers (the first schedule)  11.3 on 1 thread, 24.5 on 2: 2.17x
+       PyTorch 2.13 (its OpenMP spins)        13.5 on 1 thread, 128 on 2:  9.55x
 
-   numba-cpu / PyTorch: 0.97 on 1 thread (of the minima 0.25), 0.05 on 2. A barrier a layer is
-   the collapse (17.6x); one region a phase with passive waiting still loses on a shared core
-   (3.3x); using only the free cores (here: 1 thread, in every region) removes it. The same rows
-   with no competing process of ours (load 16-20 from the other jobs; numba_vs_torch-lenet5-b64-
-   no-competitor-vm-2026-11-25.json): numba-cpu 21.8 and 19.3 ms (0.89x), -fixed 3.19x, -layers
-   6.85x, PyTorch 32.3 and 269 ms (8.31x), numpy 354 and 411 ms; numba-cpu / PyTorch 0.67 on 1
-   thread (of the minima 0.46), 0.07 on 2. The fastest steps hint at what two free cores give:
-   1.59 ms (numba-cpu-fixed on 2 threads) against 3.17 ms on 1. PREDICTED, not measured, for a
-   quiet 2-core machine: about 1.6 ms a step on 2 threads; PyTorch's quiet 2-thread step is not
-   known from these runs (its fastest here, 27 ms, had its spinning threads fighting the load), so
-   whether numba-cpu is within 0.5x of it there is for a run on a quiet machine to say.
+   numba-cpu / PyTorch: 0.91 on 1 thread (of the minima 0.66), 0.10 on 2. (An earlier run at
+   load 10-16, before the rows' order was shuffled: numba-cpu 0.66x, -fixed 3.34x, -layers 17.6x,
+   PyTorch 14.1x.) Passive waiting and one region a phase are not enough on a shared core (2.1x);
+   using only the free cores (numba-cpu ran every region on 1 thread here) is. The rows of the
+   same 1-thread code differ by up to 1.7x (12.2 against 7.2 ms): that is the noise of this load.
+
+   The same rows with no competing process of ours (load 6 from the other jobs, ``--repeats 30``,
+   numba_vs_torch-lenet5-b64-no-competitor-vm-2026-11-25.json), medians: numba-cpu 7.07 and 7.41
+   ms (1.05x; it used 1 thread: the other jobs kept about one core busy), -fixed 7.15 and 15.9
+   (2.22x), -layers 7.10 and 14.7 (2.06x), PyTorch 12.2 and 27.1 (2.23x), numpy 45.9 and 42.0 ms;
+   numba-cpu / PyTorch 0.58 on 1 thread, 0.27 on 2. The fastest steps show what a free second core
+   gives: numba-cpu-fixed 1.55 ms on 2 threads against 3.01 on 1; PyTorch 2.78 and 4.34 ms. On a
+   quiet machine FreeCores uses both cores, so the PREDICTION there (not measured) is about 1.6
+   ms a step, about 0.55x PyTorch's 2-thread step; the target, 0.5x, is for the quiet re-run to
+   confirm or not.
 
 The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
 version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
