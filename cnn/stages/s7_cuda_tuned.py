@@ -148,7 +148,7 @@ from __future__ import annotations
 import numpy as np
 
 from cnn.model import Dense, ReLU
-from cnn.stages.device_epoch import DeviceEpoch
+from cnn.stages.device_epoch import DeviceEpoch, resident_set
 from cnn.stages.s4_cuda import INDEX, layers_match
 from cnn.stages.s5_cuda_fused import fusable
 from cnn.stages.s6_cuda_ring import CudaRingStage
@@ -316,14 +316,7 @@ class CudaTunedStage(CudaRingStage):
             self.epoch_state.drop_graphs()                # the graphs read the old training set
 
     def _resident(self, images, labels, which):
-        images, labels = np.ascontiguousarray(images, dtype=np.float32), np.asarray(labels)
-        if images.ndim != 4 or images.shape[1:] != tuple(self.net.input_shape):
-            expected = ", ".join(map(str, self.net.input_shape))
-            raise ValueError(f"stage {self.name!r}: the {which} images have shape {images.shape}, "
-                             f"network {self.net.name!r} expects (N, {expected})")
-        if len(labels) and (labels.min() < 0 or labels.max() >= self.net.num_classes):
-            raise ValueError(f"stage {self.name!r}: the {which} labels must lie in [0, {self.net.num_classes})")
-        return cuda.to_device(images), cuda.to_device(labels.astype(INDEX))
+        return resident_set(self, images, labels, which)
 
     def begin_epoch(self, order, lrs, batch_size, momentum, weight_decay):
         super().begin_epoch(order, lrs, batch_size, momentum, weight_decay)
