@@ -39,6 +39,7 @@ from kernels.device import cuda
 from kernels.gather import gather_element
 from kernels.launch import grid_1d, launch
 from kernels.reduction import block_sum
+from kernels.sgd import momentum_step
 
 FINISH_THREADS = 256          # the block of finish_step_kernel and sum_scores_kernel (a power of two)
 
@@ -53,9 +54,7 @@ def gather_step_batch_kernel(images, labels, order, counter, batch_images, batch
 def sgd_scheduled_kernel(w, v, g, lrs, counter, momentum, weight_decay):
     k = cuda.grid(1)
     if k < w.size:
-        velocity = momentum * v[k] + g[k] + weight_decay * w[k]
-        v[k] = velocity
-        w[k] -= lrs[counter[0]] * velocity
+        momentum_step(w, v, k, g[k], lrs[counter[0]], momentum, weight_decay)
 
 
 @cuda.jit

@@ -8,7 +8,8 @@ thread k owns weight k:
     grad[k] = g_k
     v ← μ·v + (g_k + λ·w),   w ← w − η·v      with η = lrs[counter]  (only when ``update``)
 
-— the update of ``cnn.stages.base.sgd_momentum_update``. Nothing is added with atomics, so the
+— the update of ``cnn.stages.base.sgd_momentum_update``, by ``kernels/sgd.py``'s ``momentum_step``
+(the one device function every SGD kernel of the course calls). Nothing is added with atomics, so the
 same inputs give the same bits on every run, on every GPU: a run is reproducible.
 Neighbouring threads read neighbouring weights of a row (coalesced).
 
@@ -23,6 +24,7 @@ from numba import float32
 
 from kernels.device import cuda
 from kernels.launch import grid_1d, launch
+from kernels.sgd import momentum_step
 
 
 @cuda.jit
@@ -34,9 +36,7 @@ def sum_sgd_kernel(partials, grad, w, v, lrs, counter, momentum, weight_decay, u
             total += partials[group, k]
         grad[k] = total
         if update:
-            velocity = momentum * v[k] + total + weight_decay * w[k]
-            v[k] = velocity
-            w[k] -= lrs[counter[0]] * velocity
+            momentum_step(w, v, k, total, lrs[counter[0]], momentum, weight_decay)
 
 
 def sum_sgd(partials, grad, w, v, lrs, counter, momentum, weight_decay, launch=launch):

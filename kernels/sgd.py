@@ -18,13 +18,20 @@ from kernels.device import cuda
 from kernels.launch import grid_1d, launch
 
 
+@cuda.jit(device=True)
+def momentum_step(w, v, k, g, lr, momentum, weight_decay):
+    """The update of parameter k with gradient g — the one copy of the formula, for every kernel that takes
+    the step (this module's, ``kernels/device_epoch.py``'s, ``kernels/fused_net_sum_sgd.py``'s)."""
+    velocity = momentum * v[k] + g + weight_decay * w[k]
+    v[k] = velocity
+    w[k] -= lr * velocity
+
+
 @cuda.jit
 def sgd_momentum_kernel(w, v, g, lr, momentum, weight_decay):
     k = cuda.grid(1)
     if k < w.size:
-        velocity = momentum * v[k] + g[k] + weight_decay * w[k]
-        v[k] = velocity
-        w[k] -= lr * velocity
+        momentum_step(w, v, k, g[k], lr, momentum, weight_decay)
 
 
 def sgd_momentum(w, v, g, lr, momentum, weight_decay, launch=launch):
