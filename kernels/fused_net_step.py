@@ -2,11 +2,14 @@
 
 Block g owns samples g·S … g·S + S − 1 of the batch (S = the table's SAMPLES; the last group may
 hold fewer). It walks the layer table (``kernels/fused_net_table.py``) with the device functions
-of ``kernels/fused_net_layers.py``, synchronising after each phase:
+of ``kernels/fused_net_window.py`` (convolution, pooling) and ``kernels/fused_net_layers.py``
+(Dense rows, the loss), synchronising after each phase:
 
+    borders      every buffer a convolution reads with padding is zeroed (its inside is written later)
     gather       its samples from the resident data set: row b of the batch is sample
                  order[position·B + g·S + b] (``kernels/gather.py``'s rule), into shared memory
-    forward      row by row; every activation and pooling switch stays in shared memory
+    forward      row by row; every activation and pooling switch stays in shared memory, each
+                 convolution's weights staged there before they are used
     loss         one thread a sample: loss → row_loss[g·S + s], dL/dlogits into shared memory
     backward     row by row in reverse; weight gradients → partials[g, :], activation gradients
                  in shared memory (two buffers taking turns)
@@ -19,40 +22,86 @@ With ``train`` = 0 the same kernel evaluates: forward and loss only, and for eac
 logits, its loss and whether its answer is right (``correct``) — ``predict`` and the test set.
 
 Shared memory is *dynamic*: its size (the table's WORDS) is given at launch, as the fourth item
-of the launch configuration. ``BlockResources`` adds it to the stage's launcher, and on a GPU
-raises the kernel's limit above the 48 KiB a kernel gets without asking (AlexNet-small needs 164
-KiB) with ``cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)``, which numba-cuda does not wrap.
+of the launch configuration, and three views of it are taken — float32 (activations, gradients,
+weights), int32 (labels), uint8 (switches). ``BlockResources`` adds it to the stage's launcher, and
+on a GPU raises the kernel's limit above the 48 KiB a kernel gets without asking (AlexNet-small
+needs 214 KiB) with ``cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)``, which numba-cuda does not
+wrap. ``THREADS`` (512, from the table) is what 128 registers a thread leave room for: an SM's
+65,536 registers are split among its 4 schedulers, 4 warps of 128 · 32 each; any count that is a
+multiple of 32 gives the same bits.
 """
 
 from __future__ import annotations
 
 import math
 
-from numba import float32, int32
+from numba import float32, int32, uint8
 
 from kernels.device import cuda, simulated
-from kernels.fused_net_layers import (dense_backward, dense_forward, relu_mask, softmax_loss, window_backward,
-                                      window_forward)
-from kernels.fused_net_table import (DENSE, INPUT, INPUT_SIZE, KIND, LABELS, OPS, OUT, POISON, SAMPLES, SCRATCH,
-                                     WINDOW, WORDS)
-from kernels.gather import gathered_from
+from kernels.fused_net_layers import BATCH, at, dense_backward, dense_forward, softmax_loss
+from kernels.fused_net_table import (DENSE, INPUT, INPUT_SIZE, KIND, LABELS, OPAD, OPS, OUT, PAD, PARTS, POISON,
+                                     SAMPLES, SCRATCH, STAGE, THREADS, WINDOW, WORDS, C, F, H, HO, W, WO)
+from kernels.fused_net_window import window_backward, window_forward
 from kernels.launch import WARP, launch
 
-THREADS = 384                    # a block: 12 warps, what 168 registers a thread leave room for (an SM's 65,536
-                                 # registers are split among its 4 schedulers: 3 warps of 168 · 32 each);
-                                 # any count gives the same bits (each value is summed by one thread)
 H100_SHARED_LIMIT = 227 * 1024            # the most one block may ask for on an H100 (sm_90)
 
 
 @cuda.jit(device=True)
+def zero_fill(floats, start, count, t, threads):
+    for k in range(t, count, threads):
+        floats[at(start + k)] = float32(0.0)
+
+
+@cuda.jit(device=True)
+def zero_padded(table, floats, n, t, threads):
+    """Every buffer stored with a zero border, whole (its inside is written later): the block's input when the
+    first row pads, and each row's output that the next row's convolution pads (OPAD)."""
+    first = table[1]
+    if first[KIND] == WINDOW and first[PAD] > 0:
+        zero_fill(floats, table[0, INPUT], n * first[C] * (first[H] + 2 * first[PAD]) * (first[W] + 2 * first[PAD]),
+                  t, threads)
+    for r in range(1, table[0, OPS] + 1):
+        op = table[r]
+        halo = op[OPAD]
+        if halo > 0:
+            zero_fill(floats, op[OUT], n * op[F] * (op[HO] + 2 * halo) * (op[WO] + 2 * halo), t, threads)
+
+
+@cuda.jit(device=True)
 def load_samples(table, floats, ints, images, labels, order, start, n, t, threads):
-    """The block's n samples and labels into shared memory: float k is element d of sample order[start + b]."""
+    """The block's n samples and labels into shared memory: element d = (c, y, x) of sample order[start + b] goes
+    to (c, y + pad, x + pad) of the first row's padded input. Thread t copies d = t, t + T, …, its (c, y, x)
+    advanced without a division, BATCH elements loaded before any is stored (one wait for memory a batch)."""
     per_sample = table[0, INPUT_SIZE]
-    for k in range(t, n * per_sample, threads):
-        b, d, source = gathered_from(order, start, k, per_sample)
-        floats[table[0, INPUT] + k] = images[source, d]
-        if d == 0:
-            ints[table[0, LABELS] + b] = labels[source]
+    first = table[1]
+    pad = first[PAD] if first[KIND] == WINDOW else 0
+    height, width = first[H], first[W]
+    in_h, in_w = height + 2 * pad, width + 2 * pad
+    jump_c, jump_y, jump_x = threads // (height * width), threads % (height * width) // width, threads % width
+    values = cuda.local.array(BATCH, float32)
+    places = cuda.local.array(BATCH, int32)
+    for b in range(n):
+        source = order[start + b]
+        if t == 0:
+            ints[at(table[0, LABELS] + b)] = labels[source]
+        inputs = table[0, INPUT] + b * (per_sample // (height * width)) * in_h * in_w
+        d, c, y, x = t, t // (height * width), t % (height * width) // width, t % width
+        while d < per_sample:
+            for k in range(BATCH):
+                values[k] = images[source, min(d, per_sample - 1)]
+                places[k] = inputs + (c * in_h + y + pad) * in_w + x + pad if d < per_sample else -1
+                d += threads
+                c, y, x = c + jump_c, y + jump_y, x + jump_x
+                if x >= width:
+                    x -= width
+                    y += 1
+                if y >= height:
+                    y -= height
+                    c += 1
+            for k in range(BATCH):
+                if places[k] >= 0:
+                    floats[at(places[k])] = values[k]
 
 
 @cuda.jit(device=True)
@@ -60,7 +109,7 @@ def write_logits(op, floats, logits, first, s):
     """Evaluation: sample s's logits (the last row's output) to row first + s of ``logits``."""
     classes = logits.shape[1]
     for k in range(classes):
-        logits[first + s, k] = floats[op[OUT] + s * classes + k]
+        logits[first + s, k] = floats[at(op[OUT] + s * classes + k)]
 
 
 @cuda.jit
@@ -68,40 +117,43 @@ def fused_net_step_kernel(table, params, images, labels, order, position, batch,
                           partials, row_loss, logits, correct):
     floats = cuda.shared.array(0, float32)
     ints = cuda.shared.array(0, int32)
+    codes = cuda.shared.array(0, uint8)
     t, threads, group = cuda.threadIdx.x, cuda.blockDim.x, cuda.blockIdx.x
     first = group * table[0, SAMPLES]
     n = min(table[0, SAMPLES], batch - first)
+    scratch, stage, parts = table[0, SCRATCH], table[0, STAGE], table[0, PARTS]
     if table[0, POISON] != 0:                 # tests: shared memory starts as NaN, so a read before a write shows
         for k in range(t, table[0, WORDS], threads):
             floats[k] = float32(math.nan)
         cuda.syncthreads()
+    zero_padded(table, floats, n, t, threads)
+    cuda.syncthreads()
     load_samples(table, floats, ints, images, labels, order, position[0] * batch + first, n, t, threads)
     cuda.syncthreads()
     rows = table[0, OPS]
     for r in range(1, rows + 1):
         op = table[r]
         if op[KIND] == WINDOW:
-            window_forward(op, floats, ints, params, n, t, threads)
+            window_forward(op, floats, codes, params, n, t, threads, scratch, stage)
         else:
-            dense_forward(op, floats, params, table[0, SCRATCH], n, t, threads)
+            dense_forward(op, floats, params, scratch, n, t, threads)
         cuda.syncthreads()
     if t < n:
-        loss, answer = softmax_loss(table[rows], floats, ints[table[0, LABELS] + t], t, batch, train)
+        label = ints[at(table[0, LABELS] + t)]
+        loss, answer = softmax_loss(table[rows], floats, label, t, batch, train)
         row_loss[first + t] = loss
         if train == 0:
-            correct[first + t] = float32(1.0) if answer == ints[table[0, LABELS] + t] else float32(0.0)
+            correct[first + t] = float32(1.0) if answer == label else float32(0.0)
             write_logits(table[rows], floats, logits, first, t)
     if train == 0:
         return
     cuda.syncthreads()
     for r in range(rows, 0, -1):
         op = table[r]
-        relu_mask(op, floats, n, t, threads)
-        cuda.syncthreads()
         if op[KIND] == DENSE:
             dense_backward(op, floats, params, partials, group, n, t, threads)
         else:
-            window_backward(op, floats, ints, params, partials, group, n, t, threads)
+            window_backward(op, floats, codes, params, partials, group, n, t, threads, stage, parts)
         cuda.syncthreads()
 
 

@@ -11,9 +11,9 @@ arithmetic (LeNet-5's step is about 0.1 GFLOP at batch 64: under 2 µs at the H1
     kernel 1  ``kernels/fused_net_step.py``   block g owns samples g·S … g·S + S − 1: it gathers them
               from the resident data set (the step counter picks the batch), runs every layer
               forward, the loss, and every layer backward — every activation, pooling switch and
-              activation gradient in the block's shared memory, the weights read from global memory
-              (the L2 cache holds them: 0.18 / 0.59 MB) — and writes its weight gradients to row g
-              of a partials buffer, nothing else but its losses
+              activation gradient in the block's shared memory, each convolution's weights staged
+              there from the L2 cache before they are multiplied — and writes its weight gradients
+              to row g of a partials buffer, nothing else but its losses
     kernel 2  ``kernels/fused_net_sum_sgd.py``  thread k adds partials[0, k] + partials[1, k] + …
               in that order and takes the SGD step (momentum, weight decay, lrs[counter]) on weight k
     kernel 3  stage 7's ``finish_step``: the mean loss logged at the counter, the counter advanced
@@ -34,56 +34,83 @@ opens the network, is a WINDOW row with no convolution. Any network of the cours
 runs, the reduced copies and the odd shapes of the tests included. A pooled convolution never
 stores its full output: each item computes the conv outputs of its pooling window and keeps only
 the maximum and where it was — stage 5's idea, so AlexNet-small's first convolution (32×32×32
-floats before pooling, 128 KiB) takes 32 KiB of pooled output and 32 KiB of switches. Where even
-one sample does not fit in the 227 KiB a block may have, the stage refuses in one line at
-construction (``ValueError: … cannot be fused: 1 sample(s) a block need …``), never a wrong answer.
+floats before pooling, 128 KiB) takes 32 KiB of pooled output and 8 KiB of switches (one byte a
+window). Where even one sample does not fit in the 227 KiB a block may have, the stage refuses in
+one line at construction (``ValueError: … cannot be fused: 1 sample(s) a block need …``), never a
+wrong answer.
 
-Shared memory a block, one sample (``TableBuilder.words_per_sample``; ``tests`` check the totals):
+Shared memory a block, one sample (``TableBuilder.plan``; ``tests`` check the totals):
 
-    KiB                     input  outputs  gradients  switches    total   of 227 KiB (H100, one block)
-    LeNet-5                   3.1      5.2       15.0       4.4     27.7
-    AlexNet-small            12.0     44.4       64.0      44.0    164.4
+    KiB            input  outputs  gradients  switches  dW parts  staging   total   of 227 KiB (H100, one block)
+    LeNet-5          3.1      5.2       24.0       1.1       5.3     14.1    52.7
+    AlexNet-small   15.2     72.4       64.0      11.0       0.0     51.6   214.2
 
-(gradients: two buffers of the largest output, taking turns backward; during the forward pass the
-same words hold a Dense row's 32 partial dot products a neuron.) A block holds S samples when the
-batch gives every SM two blocks anyway and they fit: S = 1 at batch 64 and 128.
+(outputs: each stored with the zero border of the convolution that reads it; gradients: two
+buffers of the largest output taking turns backward, the forward pass's scratch meanwhile — a
+Dense row's partial dot products, a split convolution's partial sums; staging: the weights being
+multiplied, as many filter rows at a time as the rest of the 227 KiB leaves room for.) A block
+holds S samples when the batch gives every SM two blocks anyway and they fit: S = 1 at batch 64
+and 128.
 
-Thread-to-data mapping (``kernels/fused_net_layers.py`` has each function's): thread t of a block
-takes items t, t + T, …; a forward convolution item is 4 filters × the 4 positions of a 2×2 pooling
-window (16 multiply-adds a tap from 4 weight loads and 4 input loads); a backward item is 4 channels
-of a weight gradient (pooled form: only each window's winner has a gradient) or of dL/dx; a Dense
-output's dot product is shared by the 32 lanes of a warp (coalesced weight rows). Every value is
-summed by one thread in a fixed order, so the bits do not depend on T either.
+Thread-to-data mapping (``kernels/fused_net_window.py`` and ``fused_net_layers.py`` have each
+function's): thread t of a block takes items t, t + T, …; a forward convolution item is 8 filters
+× the 4 positions of a 2×2 pooling window, a 4 × 8 register tile: a tap loads 4 inputs and 8 staged
+weights for 32 multiply-adds (the weights the same for a warp's 32 lanes: broadcasts). A dW item
+is one channel × 8 neighbouring taps of a filter row (pooled form: only each window's winner has a
+gradient; the 8 inputs one address apart), a dL/dx item 8 channels at one input pixel. Where a
+layer has fewer items than threads, the table splits the longest sums: LeNet-5's conv2 forward
+into 6 slices of its 30 filter rows (192 items, not 32), its conv1 dW into 9 parts of its 144
+windows (270 items, not 30), the parts added afterwards in a fixed order. Every value is summed by
+one thread in a fixed order, and the splits are planned for the H100's 512 threads whatever a
+block really has, so the bits depend on neither.
 
-Compiled for sm_90 without a GPU (``python -m cnn bench --static cuda-fused-net``, issue 22's report):
-kernel 1 uses 168 registers a thread, no spill, no local memory, no float64 instruction; 168
-registers leave room for 12 warps an SM (``THREADS`` = 384), and one block an SM at both sizes
-(LeNet-5: registers; AlexNet-small: shared memory too). Its forward inner loop is 112 instructions
-for 16 multiply-adds (it was 37 a multiply-add before every index was made unsigned and the loop
-tiled). Kernel 2: 29 registers; kernel 3: stage 7's.
+Compiled for sm_90 without a GPU (``python -m cnn bench --static cuda-fused-net``, issue 22's
+report; the instruction counts of the inner loops are read from the same SASS):
+
+    kernel 1                       before (commit cfa6962)            now
+    registers, warps an SM         168, 12 (384 threads)              128, 16 (512 threads); no spill
+    forward tap                    112 instructions, 16 FFMA (7.0)    208 for 4 taps, 128 FFMA (1.6)
+    dW, a pooling window           59 instructions, 4 FFMA (14.8)     38.5, 8 FFMA (4.8)
+    dL/dx, a window covering       87 instructions, 4 FFMA (21.8)     42, 8 FFMA (5.3)
+    Dense forward, a multiply-add  18.5 instructions                  4.1
+    Dense dL/dx, a multiply-add    21.5 instructions                  5.6
+    kernel 2 (sum + SGD)           29 registers                       29 (``kernels/sgd.momentum_step``)
+
+What changed, each found in the SASS: the convolution's weights come from shared memory, staged
+once for all the block's items (they were a 64-bit global load per tap); inputs are stored with a
+zero border, so no tap tests for the padding; the tile grew from 4 × 4 to 4 × 8; inner loops are
+``while`` loops over an index (Numba's ``range`` keeps 3–5 instructions of trip count per iteration,
+even unrolled); divisions are 32-bit (``split``: Numba divides in 64 bits, a test and a call to a
+70-instruction routine); the switches are one byte (44 KiB → 11 KiB on AlexNet-small: room to
+stage conv2's weights in 2 steps, not 4); the ReLU mask is applied by whoever writes a gradient,
+not in a phase of its own.
 
 What it buys — PREDICTED, NOT YET MEASURED ON A GPU
 ---------------------------------------------------
 Kernel 1 is one block a sample on 64 (LeNet-5) or 128 (AlexNet-small) of the H100's 132 SMs, one
 wave: its time is one block's. ``kernels/fused_net_cost.py`` predicts it phase by phase from the
-layer table: each phase's busiest thread executes its items × the instructions an item takes, read
-from the SASS of each device function compiled alone, and a warp issues one instruction every 2
-(independent work) to 4 (issue 22's calibration) cycles at 1.98 GHz; kernel 2 reads the partials at
-3.35 TB/s; kernels 2 and 3 take at least 2.5 µs; the graph replays the 3 kernels at 1 µs each.
+same layer table the kernel walks: a phase takes the largest of its instructions issued 4 a cycle,
+its busiest warp's instructions one every 2 (low end) to 5.65 cycles (high end: issue 22's
+calibration, a scheduler needs 22.6 warps an SM to hide latency and this kernel has 16), and its
+shared-memory loads one a cycle; plus its waits for global memory (281 cycles to 0.654 µs each)
+and its barriers. The partial sums go through HBM twice (G·P·4 bytes, at 3.35 TB/s); kernels 2 and
+3 take at least 2.5 µs (low) or cost 5 µs more than their work (high, issue 22's floor); the graph
+replays the 3 kernels at 1 µs each.
 
     ms a step, H100           stage 7 (MEASURED)  PyTorch graph (MEASURED)  cuda-fused-net (PREDICTED)
-    LeNet-5 b64                      1.01                 0.255                  0.07 – 0.12
-    AlexNet-small b128              11.0                  0.689                  0.77 – 1.51
+    LeNet-5 b64                      1.01                 0.255                  0.03 – 0.09
+    AlexNet-small b128              11.0                  0.689                  0.37 – 0.60
 
-(Stage 7 and PyTorch: ``benchmarks/results/bench-*-nvidia-h100-80gb-hbm3-2026-11-23.json``.) So, by
-this prediction, the fused step beats PyTorch's CUDA graph on LeNet-5 (2.1–3.9×) and stage 7 on both
-networks (7–16×), and misses the issue's targets: 0.05 ms on LeNet-5 (one SM works through a sample's
-phases one after another: conv2's forward alone, 64 tiles of 150 taps, is 17–34 µs) and 0.5 ms on AlexNet-small, where it stays slower
-than PyTorch's graph (0.46–0.89×): 12 M multiply-adds a sample at 7 instructions each on 12 warps is
-~10 % of the SM's FP32 rate. What would close the gap: split the longest sums across threads (LeNet-5's
-latency), a shared-memory GEMM tile with vector loads for the convolutions (AlexNet-small's rate).
-``sh benchmarks/gpu_session.sh fused-net`` measures all of it on a GPU: the stage's gpu tests, the
-bench beside stage 7 and PyTorch (eager and one graph) on both networks, and 10 epochs of MNIST.
+(Stage 7 and PyTorch: ``benchmarks/results/bench-*-nvidia-h100-80gb-hbm3-2026-11-23.json``. The
+first version of this stage was predicted at 0.07–0.12 and 0.77–1.51 ms by an earlier, more
+optimistic model: 2–4 cycles an instruction, no memory waits.) So, by this prediction, the fused
+step beats PyTorch's CUDA graph on both networks — LeNet-5 2.9–7.5×, AlexNet-small 1.14–1.87× —
+and stage 7 by 11–30×; it reaches issue 21's targets (0.05 and 0.50 ms) only at the low end. What
+the high end spends: AlexNet-small's dW (its loads feed one multiply-add each: the shared memory's
+one load a cycle bounds it) and staging conv3's 200 KiB of weights in 4 steps; LeNet-5's waits on
+global memory (Dense weights, staging) at 0.654 µs each. ``sh benchmarks/gpu_session.sh fused-net``
+measures all of it on a GPU: the stage's gpu tests, the bench beside stage 7 and PyTorch (eager and
+one graph) on both networks, and 10 epochs of MNIST.
 """
 
 from __future__ import annotations
@@ -100,6 +127,7 @@ from kernels.device_epoch import finish_step, sum_scores
 from kernels.fused_net_step import THREADS, fused_net_scores, fused_net_step, shared_memory_limit
 from kernels.fused_net_sum_sgd import sum_partials, sum_sgd
 from kernels.fused_net_table import TableBuilder
+from kernels.launch import WARP
 from kernels.launch_config import multiprocessors
 from kernels.sgd import sgd_momentum
 from kernels.streams import StreamLaunchCounter
@@ -132,15 +160,20 @@ class CudaFusedNetStage(CudaStage):
     ops = None                                # no kernel per operation: ``bench --op`` skips the stage
 
     def __init__(self, net, dtype=np.float32, samples_per_block: int | None = None, threads: int = THREADS,
-                 poison: bool | None = None, graphs: bool = True):
-        self.builder = layer_table(net)
+                 poison: bool | None = None, graphs: bool = True, shared_bytes: int | None = None):
+        try:
+            self.builder = layer_table(net)
+        except ValueError as err:
+            raise ValueError(f"stage {self.name!r}: network {net.name!r} cannot be fused: {err}") from None
         self.samples_per_block, self.threads = samples_per_block, threads
         self.poison = simulated() if poison is None else poison
         self.tables = {}                      # samples a block -> Plan with its table on the device
         super().__init__(net, dtype)
-        self.shared_limit = shared_memory_limit()
+        self.shared_limit = shared_memory_limit() if shared_bytes is None else shared_bytes
         if samples_per_block is not None and samples_per_block < 1:
             raise ValueError(f"stage {self.name!r}: samples_per_block must be at least 1, got {samples_per_block}")
+        if threads < WARP or threads % WARP:
+            raise ValueError(f"stage {self.name!r}: threads must be a positive multiple of {WARP}, got {threads}")
         self.table_for(samples_per_block or 1)                 # a network that cannot be fused fails here
         self.d_zero = cuda.to_device(np.zeros(1, INDEX))       # position 0: a batch that starts at row 0
         self.d_no_lrs = cuda.to_device(np.zeros(1, np.float32))
