@@ -101,3 +101,26 @@ def test_prediction_is_within_its_target_on_every_committed_step():
     tiled = result["predicted"]["tiled_conv"]
     assert {row["model"] for row in tiled} == {"lenet5", "alexnet-small"}
     assert all(row["speedup_vs_baseline"] > 1 for row in tiled if row["variant"] == "+ tiled-conv alone")
+
+
+def test_stage_8s_fused_step_is_timed_by_its_own_model_and_as_one_graph():
+    """fused_net_step_kernel has no roofline: the prediction takes its time from kernels/fused_net_cost.py (the
+    stage's model, the high end for the calibrated figure), and cuda-fused-net, which replays its step as one
+    CUDA graph, is predicted as one (the committed file: no kernel without a model, a graph time)."""
+    from cnn.bench import predict_step
+    from cnn.model import lenet5
+    from cnn.stages.s8_cuda_fused_net import layer_table
+    from kernels.fused_net_cost import predict
+
+    report = json.loads((Path(RESULTS_DIR) / "static-sm90-cuda-fused-net-lenet5-b64.json").read_text())
+    launch = next(op for op in report["back_to_back"] if op.get("function") == "fused_net_step_kernel")
+    timed = predict_step.kernel_us(report["kernels"][launch["kernel"]], launch, predict_step.CALIBRATED, "lenet5")
+    groups, threads = launch["grid"][0], launch["block"][0]
+    low, high = predict(layer_table(lenet5()), lenet5().num_params, 64, -(-64 // groups), threads).kernel_1_us
+    assert timed["bound"] == "own model" and (timed["low_us"], timed["us"]) == pytest.approx((low, high)) and low < high
+    rows = [row for row in json.loads((Path(RESULTS_DIR) / predict_report.RESULTS_NAME).read_text())["predicted"]["stages"]
+            if row["stage"] == "cuda-fused-net"]
+    assert {row["model"] for row in rows} == {"lenet5", "alexnet-small"}
+    for row in rows:
+        assert row["unmodelled"] == [] and [k["kernel"] for k in row["own_models"]] == ["fused_net_step_kernel"]
+        assert predict_report.finite(row["graph_ms"]) and row["graph_ms"] < row["back_to_back_ms"] * 1.01

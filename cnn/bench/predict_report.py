@@ -7,7 +7,8 @@ Writes ``benchmarks/results/predict-h100-sm90.json`` (``--out``):
                    and of a kernel (Nsight Compute), with the prediction for the kernels that were
                    measured (the static report of that commit) and predicted / measured
     predicted      for this checkout: each CUDA stage (every fix for cuda-tuned) on both networks, phase
-                   by phase, back to back and — with cuda-graph — as one CUDA graph; and the rows of stage
+                   by phase, back to back and — for the stages that replay a step as one CUDA graph
+                   (``GRAPHED``) — as one CUDA graph; and the rows of stage
                    7's ablation that tiled-conv changes, with what the fix buys: "+ tiled-conv alone"
                    against cuda-ring, and tiled-conv on top of the fixes before it
 
@@ -29,6 +30,8 @@ from cnn.bench import predict_calibrate, predict_step
 from cnn.bench.static_report import NETWORK_BATCHES, cuda_stages
 
 RESULTS_NAME = "predict-h100-sm90.json"
+#: the stages whose step is one CUDA graph replay: cuda-tuned (its cuda-graph fix) and cuda-fused-net
+GRAPHED = ("cuda-tuned", "cuda-fused-net")
 TILED_ROWS = (("+ tiled-conv alone", "none", "tiled-conv"),
               ("…, launch-config, tiled-conv", "resident-data,pinned-buffers,overlap-copies,fused-loss,fewer-launches,"
                "smem-weights,launch-config", "resident-data,pinned-buffers,overlap-copies,fused-loss,fewer-launches,"
@@ -36,15 +39,19 @@ TILED_ROWS = (("+ tiled-conv alone", "none", "tiled-conv"),
 
 
 def stage_prediction(report: dict, constants: dict, copies: dict, graph: bool) -> dict:
+    """One stage's PREDICTED step; "own_models": the kernels timed by a model of their own, with its range."""
     phases = predict_step.phase_by_phase_ms(report, constants, copies)
     launches = [op for op in report["back_to_back"] or report["phase_by_phase"] if "copy" not in op]
-    unmodelled = sorted({report["kernels"][op["kernel"]]["function"] for op in launches
-                         if not predict_step.kernel_us(report["kernels"][op["kernel"]], op, constants)["modelled"]})
-    return {"phase_by_phase_ms": sum(phases.values()), "phases_ms": phases, "unmodelled": unmodelled,
+    predicted = [(report["kernels"][op["kernel"]]["function"],
+                  predict_step.kernel_us(report["kernels"][op["kernel"]], op, constants, report["model"]))
+                 for op in launches]
+    return {"phase_by_phase_ms": sum(phases.values()), "phases_ms": phases,
+            "unmodelled": sorted({name for name, kernel in predicted if not kernel["modelled"]}),
+            "own_models": [{"kernel": name, "low_us": kernel["low_us"], "high_us": kernel["us"]}
+                           for name, kernel in predicted if "low_us" in kernel],
             "back_to_back_ms": predict_step.back_to_back_ms(report, constants, copies),
             "graph_ms": predict_step.back_to_back_ms(report, constants, copies, graph=True) if graph else None,
-            "kernels_us": [round(predict_step.kernel_us(report["kernels"][op["kernel"]], op, constants)["us"], 2)
-                           for op in report["back_to_back"] or report["phase_by_phase"] if "copy" not in op]}
+            "kernels_us": [round(kernel["us"], 2) for _, kernel in predicted]}
 
 
 def predictions(constants: dict, copies: dict, progress=None) -> dict:
@@ -55,7 +62,7 @@ def predictions(constants: dict, copies: dict, progress=None) -> dict:
             if progress:
                 progress(f"predicting {stage}, {model} b{batch}…")
             report = predict_calibrate.report_for(stage, model, batch, None, None)
-            graph = stage == "cuda-tuned"
+            graph = stage in GRAPHED
             stages.append({"stage": stage, "model": model, "batch_size": batch,
                            **stage_prediction(report, constants, copies, graph)})
         for label, baseline, fixes in TILED_ROWS:
@@ -207,13 +214,16 @@ def docs_block(out_dir, page: Path) -> str:
               "figure below on a GPU and writes them beside these):", "",
               markdown(["stage", "network", "PREDICTED phase by phase, ms", "PREDICTED back to back, ms",
                         "PREDICTED as one CUDA graph, ms"],
-                       [[f"`{s['stage']}`" + (" ¹" if s.get("unmodelled") else ""), names(s["model"], s["batch_size"]),
+                       [[f"`{s['stage']}`" + (" ¹" if s.get("unmodelled") else "") + (" ²" if s.get("own_models") else ""),
+                         names(s["model"], s["batch_size"]),
                          f"{s['phase_by_phase_ms']:.3g}", f"{s['back_to_back_ms']:.3g}",
                          f"{s['graph_ms']:.3g}" if s["graph_ms"] else "—"] for s in predicted["stages"]]), "",
               *([f"¹ A lower bound: no work model (`cnn/bench/predict_work.py`'s `WORK`) for "
                  f"{', '.join(sorted({f'`{k}`' for s in predicted['stages'] for k in s.get('unmodelled', [])}))}, "
                  f"whose arithmetic loops are then counted as run once a thread.", ""]
                 if any(s.get("unmodelled") for s in predicted["stages"]) else []),
+              *([own_models_note(predicted["stages"], names), ""] if any(s.get("own_models") for s in predicted["stages"])
+                else []),
               "Stage 7's ablation, the rows tiled-conv changes (PREDICTED, back to back; × what the fix buys: the "
               "row's time against the same variant without tiled-conv — cuda-ring for the first row, the fixes "
               "before it for the second):", "",
@@ -222,6 +232,16 @@ def docs_block(out_dir, page: Path) -> str:
                        [[t["variant"], names(t["model"], t["batch_size"]), f"{t['baseline_ms']:.3g}", f"{t['ms']:.3g}",
                          times(t["speedup_vs_baseline"])] for t in predicted["tiled_conv"]])]
     return "\n".join(parts)
+
+
+def own_models_note(stages: list[dict], names) -> str:
+    """The footnote of the kernels a model of their own predicts (``predict_work.OWN_MODELS``), with its range."""
+    kernels = sorted({k["kernel"] for s in stages for k in s.get("own_models", [])})
+    spans = "; ".join(f"{names(s['model'], s['batch_size'])} {k['high_us']:.3g} µs (low end {k['low_us']:.3g})"
+                      for s in stages for k in s.get("own_models", []))
+    return (f"² {', '.join(f'`{k}`' for k in kernels)} timed by its stage's own model (`kernels/fused_net_cost.py`, "
+            f"phase by phase from the layer table), at its high end, the one with issue 22's calibrated constants: "
+            f"{spans}.")
 
 
 def stage7_block(out_dir, page: Path) -> str:

@@ -19,6 +19,9 @@ The device: each kernel launch (``kernel_us``) takes the largest of four times, 
              instructions: a block's threads add into the same few addresses, one after the other)
     floor    KERNEL_FLOOR: the shortest kernel Nsight Compute measured
 
+A kernel no roofline describes has a model of its own (``predict_work.OWN_MODELS``: stage 8's fused
+step, ``kernels/fused_net_cost.py``), whose high end — issue 22's calibrated constants — is its time here.
+
 The host: a launch costs numba-cuda's launch (MEASURED on the H100: 27.7 µs with one array
 argument, 87.5 µs with eight — a line through the two), plus TUPLE_SCALAR_US for every number inside a
 tuple argument (numba-cuda types each one at every launch: a ConvGeometry is 14) and STAGE_HOST of the
@@ -130,14 +133,19 @@ def thread_cost(kernel: dict, done: dict, threads: int) -> tuple[float, float]:
     return instructions, max(1.0, round_trips)
 
 
-def kernel_us(kernel: dict, launch: dict, constants: dict) -> dict:
-    """PREDICTED device time of one launch: {"us", "bound" (which term), "issue", "memory", "latency", "atomics"}."""
+def kernel_us(kernel: dict, launch: dict, constants: dict, model: str | None = None) -> dict:
+    """PREDICTED device time of one launch in a step of ``model``: {"us", "bound" (which term), "issue", "memory",
+    "latency", "atomics"}; a kernel with a model of its own (``predict_work.OWN_MODELS``): {"us" (its high end,
+    issue 22's calibrated constants), "low_us", "bound": "own model"}."""
+    done = work(launch, kernel, model)
+    if "device_us" in done:
+        low, high = done["device_us"]
+        return {"us": high, "low_us": low, "bound": "own model", "modelled": True}
     if "resources" not in kernel:
         return {"us": constants["KERNEL_FLOOR"], "bound": "not compiled"}
     blocks = math.prod(launch["grid"])
     block = math.prod(launch["block"])
     threads = blocks * block
-    done = work(launch, kernel)
     occupancy = h100.occupancy(kernel["resources"]["registers"], block, kernel["resources"]["shared_static"]
                                + launch.get("shared_dynamic", 0))
     per_sm = max(1, occupancy.blocks_per_sm)
@@ -189,7 +197,7 @@ def timeline(ops: list[dict], report: dict, constants: dict, copies: dict, start
                 device = max(host, device)
             continue
         host += launch_host_us(op, constants)
-        device = max(host, device) + kernel_us(report["kernels"][op["kernel"]], op, constants)["us"]
+        device = max(host, device) + kernel_us(report["kernels"][op["kernel"]], op, constants, report.get("model"))["us"]
     return host, device
 
 
@@ -207,7 +215,7 @@ def back_to_back_ms(report: dict, constants: dict, copies: dict, graph: bool = F
     ops = report["back_to_back"] or report["phase_by_phase"]
     kernels = [op for op in ops if "copy" not in op]
     if graph:
-        device = sum(kernel_us(report["kernels"][op["kernel"]], op, constants)["us"] + GRAPH_REPLAY_US
+        device = sum(kernel_us(report["kernels"][op["kernel"]], op, constants, report.get("model"))["us"] + GRAPH_REPLAY_US
                      for op in kernels)
         return max(device, LAUNCH_NO_ARRAY_US + constants["STAGE_HOST"]) / 1e3
     per_request = report.get("steps_per_sync", 1) > 1

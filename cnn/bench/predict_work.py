@@ -17,6 +17,12 @@ values, grid, block. Per launch:
 ``WORK`` names the kernels whose work is not simply "each thread reads its elements once"
 (``plain``): the products and the convolutions. A kernel it does not name — a new stage's — gets
 ``plain``: its bytes, and its hot loop run once (the report says so beside its prediction).
+
+``OWN_MODELS`` names the kernels whose device time a model of their own predicts, because no
+roofline of their bytes and multiply-adds describes them: stage 8's ``fused_net_step_kernel``
+(the whole step of a group of samples, phase after phase in one block) is timed by
+``kernels/fused_net_cost.py``, the stage's own model, walking the same layer table the kernel walks.
+Its work carries ``device_us``: (low, high) µs, the high end from issue 22's calibrated constants.
 """
 
 from __future__ import annotations
@@ -160,10 +166,32 @@ WORK = {
 }
 
 
-def work(launch: dict, kernel: dict) -> dict:
-    """The work of ``launch`` of ``kernel`` (an entry of the report's "kernels"), with "modelled": False
-    when no entry of ``WORK`` knows the kernel (a new stage's: only its bytes are known)."""
+def fused_net_step(launch, ref, model: str) -> dict:
+    """Stage 8's kernel 1 (table, params, images, labels, order, position, batch, train, partials, …): a block
+    a group of samples, its time ``kernels/fused_net_cost.predict``'s for ``model``'s layer table, with
+    the block size, groups and batch of this launch."""
+    from cnn.model import get_network
+    from cnn.stages.s8_cuda_fused_net import layer_table
+    from kernels.fused_net_cost import predict
+
+    params, batch = launch["args"][1], launch["args"][6]["int"]
+    groups, threads = launch["grid"][0], launch["block"][0]
+    kernel_1 = predict(layer_table(get_network(model)), size(params), batch, math.ceil(batch / groups), threads)
+    return {**plain(launch, ref), "device_us": tuple(kernel_1.kernel_1_us)}
+
+
+OWN_MODELS = {
+    "fused_net_step_kernel": fused_net_step,
+}
+
+
+def work(launch: dict, kernel: dict, model: str | None = None) -> dict:
+    """The work of ``launch`` of ``kernel`` (an entry of the report's "kernels") in a step of ``model``, with
+    "modelled": False when neither ``WORK`` nor ``OWN_MODELS`` knows the kernel (a new stage's: only its
+    bytes are known)."""
     name = kernel["function"]
+    if name in OWN_MODELS and model is not None:
+        return {**OWN_MODELS[name](launch, kernel["ref"], model), "modelled": True}
     if name.startswith("gemm_"):
         return {**implicit_gemm(launch, kernel["ref"]), "modelled": True}
     if name in WORK:
