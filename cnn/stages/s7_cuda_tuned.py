@@ -115,7 +115,7 @@ What the rewritten tiled-conv is PREDICTED to do on the H100 — from the machin
 writes it; ``sh benchmarks/gpu_session.sh predict`` measures it):
 
 <!-- generated:prediction start -->
-    PREDICTED, not measured (benchmarks/results/predict-h100-sm90.json, commit 0239952+; the model's error on every
+    PREDICTED, not measured (benchmarks/results/predict-h100-sm90.json, commit 07d8998+; the model's error on every
     committed H100 step of stages 4-7 is at most 1.46x):
         lenet5 b64: 0.641 ms a step as one CUDA graph, 2.73 ms launched kernel by kernel
         alexnet-small b128: 2.89 ms a step as one CUDA graph, 3.41 ms launched kernel by kernel
