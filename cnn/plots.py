@@ -284,7 +284,8 @@ def headline_plot(data: dict, save_to=_DEFAULT):
         axes.barh(y, cell["ms"], height=0.8, color="white" if predicted else color,
                   edgecolor=color if predicted else "black", hatch="///" if predicted else None,
                   linewidth=1.2 if predicted else 0.5)
-        text = (f"~{fmt_ms(cell['ms'])} ms  PREDICTED for the {cell['where']} ({cell['date']})" if predicted else
+        text = (f"~{fmt_ms(cell['ms'])} ms  PREDICTED for the {cell['where']} at commit {cell.get('commit')} "
+                f"({cell['date']}), {cell.get('timing', 'back to back')}" if predicted else
                 f"{fmt_ms(cell['ms'])} ms  {cell['where']}, {cell['date']}, {cell['how']}")
         axes.annotate(text, (cell["ms"], y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8,
                       fontweight="bold" if predicted else None)

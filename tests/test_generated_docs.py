@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cnn import cli, plots
-from cnn.bench import docs, findings, headline, nsight, readme, recorded, results
+from cnn.bench import docs, findings, headline, nsight, predict_report, readme, recorded, results
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 RESULTS = REPOSITORY / "benchmarks" / "results"
@@ -178,24 +178,49 @@ def test_files_measured_on_a_busy_machine_are_left_out_and_named(tmp_path, monke
     assert cell(headline.headline(out_dir=tmp_path), "numpy", "2-core CPU")["ms"] == 123.0
 
 
+def prediction_file(folder: Path, rows: list[dict], calibration: list[dict]) -> None:
+    """A ``python -m cnn bench --predict`` file: PREDICTED stages, and the measurements it was checked against."""
+    (folder / predict_report.RESULTS_NAME).write_text(json.dumps(
+        {"kind": "predict-h100", "created": "2026-12-01T10:00:00", "commit": "abc1234",
+         "calibration": {"steps": calibration}, "predicted": {"stages": rows, "tiled_conv": []}}))
+
+
 def test_predicted_times_stand_beside_the_measured_ones_and_say_so(tmp_path):
+    """The headline reads the one prediction file: a PREDICTED bar for each stage whose code as it is now was never
+    measured (stage 8; stage 7, measured only with older kernels), as one CUDA graph where the stage replays one —
+    and none for a stage measured as it is (stage 6)."""
     for path in RESULTS.glob(f"bench-lenet5-b64-{H100}*.json"):
         shutil.copy(path, tmp_path)
-    rows = [{"stage": "cuda-tuned", "model": "lenet5", "batch_size": 64, "predicted_ms": 0.9},
-            {"stage": "cuda-fused-net", "model": "lenet5", "batch_size": 64, "predicted_ms": 0.4}]
-    (tmp_path / "predicted-h100-2026-12-01.json").write_text(json.dumps(
-        {"kind": "prediction", "device": "NVIDIA H100 80GB HBM3", "created": "2026-12-01", "rows": rows}))
+    lenet = {"model": "lenet5", "batch_size": 64}
+    rows = [{"stage": "cuda-ring", **lenet, "back_to_back_ms": 3.0, "graph_ms": None},
+            {"stage": "cuda-tuned", **lenet, "back_to_back_ms": 2.7, "graph_ms": 0.9},
+            {"stage": "cuda-fused-net", **lenet, "back_to_back_ms": 0.5, "graph_ms": 0.4},
+            {"stage": "cuda-fused-net", "model": "alexnet-small", "batch_size": 128, "back_to_back_ms": 9, "graph_ms": 8}]
+    measured = [{"kind": "bench", "stage": "cuda-ring", "model": "lenet5", "batch": 64, "fixes": None, "commit": None},
+                {"kind": "bench", "stage": "cuda-tuned", "model": "lenet5", "batch": 64, "fixes": None, "commit": "ecf7081"}]
+    prediction_file(tmp_path, rows, measured)
     data = headline.headline(out_dir=tmp_path)
     assert cell(data, "cuda-tuned")["how"] == headline.BACK_TO_BACK                 # the measurement stays
-    assert cell(data, "cuda-tuned", "H100 PREDICTED")["ms"] == 0.9
-    assert data["rows"][[row["name"] for row in data["rows"]].index("cuda-fused-net")]["cells"].keys() == \
-        {"H100 PREDICTED"}
+    predicted = cell(data, "cuda-tuned", "H100 PREDICTED")
+    assert predicted["ms"] == 0.9 and predicted["timing"] == headline.GRAPH and predicted["commit"] == "abc1234"
+    rows = {row["name"]: row for row in data["rows"] if row["kind"] == "stage"}
+    assert "H100 PREDICTED" not in rows["cuda-ring"]["cells"]                        # measured as it is
+    fused = rows["cuda-fused-net"]
+    assert fused["cells"].keys() == {"H100 PREDICTED"} and fused["label"] == "8. cuda-fused-net"
     table = headline.front_table(data)
     assert re.search(r"\| ~0\.400 PREDICTED +\|", table) and re.search(r"\| H100 PREDICTED: ms a step +\|", table)
+    assert "commit abc1234" in " ".join(headline.table_notes(data, str))
     figure = plots.headline_plot(data, save_to=None)
     labels = [text.get_text() for text in figure.axes[0].texts]
-    assert any(label.startswith("~0.400 ms  PREDICTED") for label in labels)
+    assert "~0.400 ms  PREDICTED for the H100 at commit abc1234 (2026-12-01), as one CUDA graph" in labels
     hatched = [patch for patch in figure.axes[0].patches if patch.get_hatch()]
     assert len(hatched) == 2
     measured = [label for label in labels if "PREDICTED" not in label]
     assert measured and all(label.endswith(("back to back", "phase by phase", "as one CUDA graph")) for label in measured)
+
+
+def test_the_committed_headline_predicts_stages_7_and_8_on_the_h100_and_measures_the_rest():
+    data = headline.headline(out_dir=RESULTS)
+    predicted = [row["name"] for row in data["rows"] if "H100 PREDICTED" in row["cells"]]
+    assert predicted == ["cuda-tuned", "cuda-fused-net"]
+    assert cell(data, "cuda-tuned")["how"] == headline.BACK_TO_BACK

@@ -12,8 +12,9 @@ its file.
 A ratio (× the previous stage, × PyTorch) compares like with like: two rows of ONE file, back to
 back where both have it, else phase by phase, and says which; none when no file has both rows.
 
-PREDICTED times (``recorded.predictions``) are drawn hatched and labelled so; they sit beside a
-measurement, never in its place.
+PREDICTED times (``recorded.predictions``: the H100 step of each stage whose code as it is now no GPU
+has run, from ``benchmarks/results/predict-h100-sm90.json``) are drawn hatched and labelled so, with the
+commit they predict; they sit beside a measurement, never in its place.
 """
 
 from __future__ import annotations
@@ -116,12 +117,19 @@ def stage_order(files_by_machine) -> list[str]:
     return sorted(numbers, key=lambda name: (registry.index(name) if name in registry else numbers[name], name))
 
 
+def course_number(name: str) -> int | None:
+    """A stage's number in the course (the registry's order, as the bench numbers its rows), None for others."""
+    from cnn.stages import stage_names
+
+    return stage_names().index(name) + 1 if name in stage_names() else None
+
+
 def headline(model: str = "lenet5", batch: int = 64, out_dir=RESULTS_DIR) -> dict:
     """Everything the picture and the table show: {"model", "batch", "machines": [labels], "rows": [...]}.
 
     Each row: {"name", "label", "kind": "stage" | "reference", "cells": {machine: cell}} where a cell is
     ``measured``'s dict plus "vs_previous" and "vs_pytorch" (each (factor, how) or None), or a PREDICTED
-    cell {"ms", "how": PREDICTED, "where", "date", "path"}.
+    cell {"ms", "how": PREDICTED, "timing", "where", "date", "commit", "path"}.
     """
     files_by_machine = machines(model, batch, out_dir)
     stages = stage_order(files_by_machine)
@@ -146,7 +154,7 @@ def headline(model: str = "lenet5", batch: int = 64, out_dir=RESULTS_DIR) -> dic
             if entry["stage"] == name:
                 short = gpu_short_name(entry["device"])
                 cells[f"{short} {PREDICTED}"] = {**entry, "how": PREDICTED, "where": short}
-        number = next((cell["row"]["number"] for cell in cells.values() if cell.get("row")), None)
+        number = next((cell["row"]["number"] for cell in cells.values() if cell.get("row")), None) or course_number(name)
         rows.append({"name": name, "number": number, "label": f"{number}. {name}" if number else name,
                      "kind": "stage", "cells": cells})
     for name in ("torch-cpu", "torch-cuda"):
@@ -217,7 +225,11 @@ def table_notes(data: dict, link) -> list[str]:
              f"on that machine and than PyTorch on the same device, two rows of one run compared like with like "
              f"(† when phase by phase). On the GPU machine the CPU stages ran on its host CPU."]
     if any(cell["how"] == PREDICTED for row in data["rows"] for cell in row["cells"].values()):
-        notes.append("PREDICTED: a step time estimated without running it on that GPU (never a measurement).")
+        commits = sorted({str(cell.get("commit")) for row in data["rows"] for cell in row["cells"].values()
+                          if cell["how"] == PREDICTED})
+        notes.append(f"PREDICTED: a step time computed from the kernels' machine code without running them on that "
+                     f"GPU (`python -m cnn bench --predict`, commit {', '.join(commits)}; as one CUDA graph where the "
+                     f"stage replays one), for the stages whose code as it is now no GPU has run; never a measurement.")
     notes.append("From " + ", ".join(link(path) for path in files) + ".")
     return notes
 

@@ -30,6 +30,8 @@ from cnn.bench import predict_calibrate, predict_step
 from cnn.bench.static_report import NETWORK_BATCHES, cuda_stages
 
 RESULTS_NAME = "predict-h100-sm90.json"
+#: the GPU every figure of the file is predicted for
+PREDICTED_DEVICE = "NVIDIA H100 80GB HBM3"
 #: the stages whose step is one CUDA graph replay: cuda-tuned (its cuda-graph fix) and cuda-fused-net
 GRAPHED = ("cuda-tuned", "cuda-fused-net")
 TILED_ROWS = (("+ tiled-conv alone", "none", "tiled-conv"),
@@ -149,7 +151,7 @@ def cmd_predict(args) -> int:
     if args.calibrate:
         constants = predict_calibrate.calibrate()
         print("fitted:", json.dumps(constants))
-    result = {**results_header("predict-h100"), "constants": constants,
+    result = {**results_header("predict-h100"), "device": PREDICTED_DEVICE, "constants": constants,
               "measured_constants": {"launch_1_array_us": predict_step.LAUNCH_1_ARRAY_US,
                                      "launch_8_arrays_us": predict_step.LAUNCH_8_ARRAYS_US,
                                      "graph_replay_us": predict_step.GRAPH_REPLAY_US},

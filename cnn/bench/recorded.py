@@ -10,7 +10,7 @@ else (the second H100 session timed only stages 6-7) leaves the older figures in
 Files (``cnn.bench.results``): ``bench-*`` and ``ablation-*`` (results JSON), ``memory-*`` (copies),
 ``ncu-*.csv`` (Nsight Compute, ``cnn.bench.nsight``), ``train-*`` (``python -m cnn train`` histories),
 ``probes-*.json`` (figures of small programs outside the repository, each with how it was measured),
-``predicted-*.json`` (step times PREDICTED for a GPU, never a measurement: ``predictions``).
+``predict-h100-sm90.json`` (step times PREDICTED for the H100, never a measurement: ``predictions``).
 
 From the committed directory, ``PUBLISHED_DIR`` (what README, docs/ and the notebooks publish), only
 files measured on a quiet machine are read (``not_quiet``; a directory of one's own, ``--out``, is
@@ -35,7 +35,7 @@ from cnn.bench.results import RESULTS_DIR, bench_results, load_results, run_tag
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / RESULTS_DIR
 #: the files the generated pages read, by name
 PUBLISHED_PATTERNS = ("bench-*.json", "ablation-*.json", "memory-*.json", "train-*.json", "probes-*.json",
-                      "ncu-*.csv", "predicted-*.json")
+                      "ncu-*.csv")
 
 
 def quiet_only(out_dir) -> bool:
@@ -180,20 +180,36 @@ def probe(name: str, out_dir=RESULTS_DIR) -> float:
 
 
 def predictions(model: str, batch: int, out_dir=RESULTS_DIR) -> list[dict]:
-    """The PREDICTED step times of ``model`` at ``batch`` in ``predicted-*.json`` files, newest file last:
-    [{"stage", "ms", "device", "date", "how", "path"}]. A file holds {"kind": "prediction", "device",
-    "created", "rows": [{"stage", "model", "batch_size", "predicted_ms", "how"?}]} ("predictions" for
-    "rows", "ms" for "predicted_ms" are read too); a newer file's row replaces an older one's."""
-    found = {}
-    for path, content in _json_files(out_dir, "predicted-*.json"):
-        for entry in content.get("rows") or content.get("predictions") or []:
-            ms = entry.get("predicted_ms", entry.get("ms"))
-            if (entry.get("model"), entry.get("batch_size")) == (model, batch) and isinstance(ms, (int, float)):
-                found[entry["stage"]] = {"stage": entry["stage"], "ms": float(ms), "path": path,
-                                         "device": entry.get("device") or content.get("device", "GPU"),
-                                         "date": str(content.get("created", ""))[:10],
-                                         "how": entry.get("how", "back to back")}
-    return list(found.values())
+    """The PREDICTED H100 step times of ``model`` at ``batch`` that no measurement stands for: from the prediction
+    file (``python -m cnn bench --predict``, ``cnn.bench.predict_report``; its "predicted" → "stages"), every
+    CUDA stage whose code as it is now no GPU has run — none of the measurements the file was checked against
+    (its "calibration" → "steps") timed the whole stage with this checkout's kernels. Stage 8 is such a stage
+    until a GPU runs it; stage 7 too, after the kernels its last measurement ran were changed.
+
+    A stage is predicted as training runs it: as one CUDA graph where it replays one, else back to back.
+    [{"stage", "ms", "timing", "device", "date", "commit", "path"}]; none without the file. A prediction is a
+    computation, not a timing: the load of the machine that made it does not matter (no ``not_quiet``)."""
+    from cnn.bench.predict_report import PREDICTED_DEVICE, RESULTS_NAME
+
+    path = Path(out_dir) / RESULTS_NAME
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    workload = lambda entry: (entry.get("model"), entry.get("batch", entry.get("batch_size")))  # noqa: E731
+    measured_now = {point["stage"] for point in content.get("calibration", {}).get("steps", [])
+                    if point.get("kind") == "bench" and workload(point) == (model, batch)
+                    and point.get("fixes") is None and point.get("commit") is None}
+    found = []
+    for row in content.get("predicted", {}).get("stages", []):
+        if workload(row) != (model, batch) or row["stage"] in measured_now:
+            continue
+        graph = row.get("graph_ms")
+        found.append({"stage": row["stage"], "ms": float(graph or row["back_to_back_ms"]),
+                      "timing": "as one CUDA graph" if graph else "back to back",
+                      "device": content.get("device", PREDICTED_DEVICE), "date": str(content.get("created", ""))[:10],
+                      "commit": content.get("commit"), "path": path})
+    return found
 
 
 def memory_result(out_dir=RESULTS_DIR, gpu: bool = True):
