@@ -1,5 +1,6 @@
 """No lost work (issue 15): one test per failure found by trying the project with deliberate faults,
-then the fault-injection script (benchmarks/fault_injection.py) and README's paragraph quoting it.
+then the fault-injection script (benchmarks/fault_injection.py), its table in docs/benchmarks.md and
+README's line quoting it.
 
 1. a dataset in MNIST's layout with other content loads, with its own normalisation;
 2. the divergence guard never keeps a bad checkpoint, names one only if it exists, and speaks first;
@@ -404,7 +405,7 @@ def test_the_last_good_checkpoint_has_not_exploded(tmp_path, monkeypatch):
     assert kept_test_loss("finite-only.npz") > 1e6
 
 
-# -- the fault-injection script and README's paragraph ---------------------------------------------
+# -- the fault-injection script, its table and README's line ------------------------------------------
 
 @pytest.mark.slow
 def test_fault_injection_loses_no_work(tmp_path):
@@ -426,8 +427,14 @@ def test_fault_injection_loses_no_work(tmp_path):
     assert rows["checkpoint folder read-only mid-run"]["trials"] >= 1      # root, an ordinary user, or both
 
 
-def test_readme_quotes_the_committed_fault_injection_results():
+def test_the_docs_and_readme_quote_the_committed_fault_injection_results():
+    """docs/benchmarks.md holds the table, README one line with both runs' totals: each exactly what the script
+    renders from the committed results file (python benchmarks/fault_injection.py --render-only ...)."""
     script = load_script("fault_injection")
     results = json.loads(script.RESULTS.read_text())
-    assert script.readme_block(results) in (ROOT / "README.md").read_text()
+    assert script.table_block(results, script.TABLE_PAGE) in script.TABLE_PAGE.read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert script.summary_line(results) in readme and script.TABLE_MARKERS[0] not in readme
     assert results["failures"] == 0 and results["lost_work"] == 0
+    again = results["as_ordinary_user"]
+    assert again["failures"] == 0 and again["lost_work"] == 0
