@@ -63,6 +63,19 @@ def runnable_threads() -> int | None:
         return None
 
 
+#: a machine whose 1-minute load average, as a measurement began, was above this many a core was busy
+#: with other work: its times are inflated (the pictures and the tables say so, and ``cnn.bench.recorded`` publishes none)
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def busy_note(machine: dict) -> str | None:
+    """'busy: load 23.0 on 2 cores, times inflated' when the recorded load says the machine was busy, else None."""
+    load, cores = machine.get("load_average"), machine.get("cores")
+    if load and cores and load[0] > BUSY_LOAD_PER_CORE * cores:
+        return f"busy: 1-minute load {load[0]:.1f} on {cores} cores, times inflated"
+    return None
+
+
 def nvidia_gpu_present() -> bool:
     """An NVIDIA driver that lists a GPU (Linux: /proc/driver/nvidia/gpus; elsewhere: nvidia-smi on PATH).
 

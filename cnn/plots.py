@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from cnn.formatting import PHASE_LABELS, PHASES, compare_label, fmt_factor, fmt_ms
+from cnn.machine import busy_note
 
 PICTURES_DIR = Path("results")
 PHASE_COLORS = {"load_batch": "#8c8c8c", "forward": "#4c72b0", "backward": "#dd8452",
@@ -72,19 +73,6 @@ def _rows(result: dict) -> list[dict]:
 
 def _row_label(row: dict) -> str:
     return f"{row['number']}. {row['name']}" if row.get("number") else f"{row['name']}\n(reference)"
-
-
-#: a machine whose 1-minute load average, as a measurement began, was above this many a core was busy
-#: with other work: its times are inflated (the pictures say so, and ``cnn.bench.recorded`` publishes none)
-BUSY_LOAD_PER_CORE = 0.5
-
-
-def busy_note(machine: dict) -> str | None:
-    """'busy: load 23.0 on 2 cores, times inflated' when the recorded load says the machine was busy, else None."""
-    load, cores = machine.get("load_average"), machine.get("cores")
-    if load and cores and load[0] > BUSY_LOAD_PER_CORE * cores:
-        return f"busy: 1-minute load {load[0]:.1f} on {cores} cores, times inflated"
-    return None
 
 
 def _subtitle(result: dict) -> str:

@@ -238,8 +238,8 @@ def median_ms(call, repeats: int = 5, synchronize=lambda: None) -> float:
 
 def load_note() -> str:
     """One line to print under a timing: the machine's 1-minute load average against its cores, and, when
-    other work kept it busy (``cnn.plots.busy_note``), that the times above are inflated."""
-    from cnn.plots import busy_note
+    other work kept it busy (``cnn.machine.busy_note``), that the times above are inflated."""
+    from cnn.machine import busy_note
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -48,8 +48,8 @@ def execute(path: Path) -> tuple[nbformat.NotebookNode, float, str | None]:
     client = NotebookClient(notebook, kernel_name="python3", timeout=CELL_TIMEOUT, record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
     started = time.perf_counter()
-    try:
-        client.execute()
+    try:                                     # JPY_SESSION_NAME: the results files a cell writes name the notebook,
+        client.execute(env={**os.environ, "JPY_SESSION_NAME": str(path)})       # as under Jupyter's server
         error = None
     except CellExecutionError as err:
         error = str(err).strip().splitlines()[-1]

@@ -6,6 +6,7 @@ stage loops fast; the whole file takes ~10–15 s on 2 cores.
 """
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -433,3 +434,17 @@ def test_census_without_gpu_or_simulator_says_how_to_run_it_in_the_simulator(mon
     assert error.count("\n") == 1 and bench_command.CENSUS_IN_THE_SIMULATOR in error
     help_text = bench_help(capsys)
     assert "simulator too" not in help_text and "NUMBA_ENABLE_CUDASIM=1" in " ".join(help_text.split())
+
+
+def test_a_results_file_written_from_a_notebook_names_it(monkeypatch):
+    """A kernel's own command line (ipykernel_launcher -f kernel.json) says nothing: the notebook's name where
+    Jupyter gives it (JPY_SESSION_NAME), else that it came from a notebook."""
+    from cnn.bench.results import command_line
+
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/python3.11/site-packages/ipykernel_launcher.py", "-f", "/k.json"])
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    assert command_line() == "from a notebook"
+    monkeypatch.setenv("JPY_SESSION_NAME", "/work/main/notebooks/00_quick_start.ipynb")
+    assert command_line() == "from the notebook 00_quick_start.ipynb"
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/python3.11/site-packages/cnn/__main__.py", "bench", "--stage", "numpy"])
+    assert command_line() == "python -m cnn bench --stage numpy"

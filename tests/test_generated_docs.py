@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cnn import cli, plots
-from cnn.bench import docs, findings, headline, nsight, predict_report, readme, recorded, results
+from cnn.bench import docs, findings, headline, nsight, predict_report, readme, recorded, results, tables
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 RESULTS = REPOSITORY / "benchmarks" / "results"
@@ -168,6 +168,9 @@ def test_files_measured_on_a_busy_machine_are_left_out_and_named(tmp_path, monke
     published, skipped = recorded.publication(tmp_path)
     assert published == [quiet] and skipped == [(busy, "the machine was busy: 1-minute load 23.0 on 2 cores, "
                                                        "times inflated")]
+    assert readme.published_results(tmp_path) == [quiet]      # the newer busy run of the same rows hides nothing
+    assert "The machine was busy: 1-minute load 23.0 on 2 cores, times inflated" in \
+        " ".join(tables.table_notes(json.loads(busy.read_text())))             # the table says so by the same rule
     assert cell(headline.headline(out_dir=tmp_path), "numpy", "2-core CPU")["ms"] == 100.3
     page = tmp_path / "README.md"
     page.write_text(f"{readme.HEADLINE_START}\n{readme.HEADLINE_END}\n")

@@ -27,11 +27,10 @@ import statistics
 from pathlib import Path
 
 from cnn.bench import predict_calibrate, predict_step
+from cnn.bench.recorded import PREDICTED_DEVICE, PREDICTION_FILE
 from cnn.bench.static_report import NETWORK_BATCHES, cuda_stages
 
-RESULTS_NAME = "predict-h100-sm90.json"
-#: the GPU every figure of the file is predicted for
-PREDICTED_DEVICE = "NVIDIA H100 80GB HBM3"
+RESULTS_NAME = PREDICTION_FILE             # and the GPU every figure of it is predicted for, PREDICTED_DEVICE
 #: the stages whose step is one CUDA graph replay: cuda-tuned (its cuda-graph fix) and cuda-fused-net
 GRAPHED = ("cuda-tuned", "cuda-fused-net")
 TILED_ROWS = (("+ tiled-conv alone", "none", "tiled-conv"),

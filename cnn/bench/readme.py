@@ -69,9 +69,8 @@ def run_line(path: Path, result: dict, readme: Path) -> str:
 
 
 def published_results(out_dir) -> list[Path]:
-    """The bench files the pages show: ``shown_results`` less those measured on a busy machine."""
-    published = set(recorded.publication(out_dir)[0])
-    return [path for path in shown_results(out_dir) if path in published]
+    """The bench files the pages show: ``shown_results`` chosen among the quiet files only (``recorded``)."""
+    return shown_results(out_dir, recorded.quiet_bench_results(out_dir))
 
 
 def readme_block(results: list[tuple[Path, dict]], readme: Path, draw_missing: bool = True) -> str:

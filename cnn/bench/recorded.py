@@ -15,7 +15,7 @@ Files (``cnn.bench.results``): ``bench-*`` and ``ablation-*`` (results JSON), ``
 From the committed directory, ``PUBLISHED_DIR`` (what README, docs/ and the notebooks publish), only
 files measured on a quiet machine are read (``not_quiet``; a directory of one's own, ``--out``, is
 read whole, and each of its tables says when its machine was busy): a file that records its machine's
-1-minute load average is published when that load was at most ``cnn.plots.BUSY_LOAD_PER_CORE`` a core
+1-minute load average is published when that load was at most ``cnn.machine.BUSY_LOAD_PER_CORE`` a core
 as the measurement began (the pictures say "busy" by the same rule); a file from a GPU machine that records no load (a training history, the probes,
 an Nsight Compute profile) is published, because that machine is lent to one session at a time and its
 host runs nothing else; any other file is not. ``publication(out_dir)`` says which files were left
@@ -33,6 +33,8 @@ from cnn.bench.results import RESULTS_DIR, bench_results, load_results, run_tag
 
 #: the committed results: the directory whose busy-machine files are never published
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / RESULTS_DIR
+#: the PREDICTED H100 step of every CUDA stage (``python -m cnn bench --predict``, ``cnn.bench.predict_report``)
+PREDICTION_FILE, PREDICTED_DEVICE = "predict-h100-sm90.json", "NVIDIA H100 80GB HBM3"
 #: the files the generated pages read, by name
 PUBLISHED_PATTERNS = ("bench-*.json", "ablation-*.json", "memory-*.json", "train-*.json", "probes-*.json",
                       "ncu-*.csv")
@@ -47,7 +49,7 @@ def not_quiet(path, content) -> str | None:
     """Why the measurements of results file ``path`` (its parsed ``content``, ``{}`` for a CSV) are not
     published, in words; None when they are: its machine was quiet, or it is a GPU machine's file
     that records no load (see the module's docstring)."""
-    from cnn.plots import busy_note
+    from cnn.machine import busy_note
 
     machine = (content.get("machine") if isinstance(content, dict) else None) or {}
     if machine.get("load_average") and machine.get("cores"):
@@ -189,9 +191,7 @@ def predictions(model: str, batch: int, out_dir=RESULTS_DIR) -> list[dict]:
     A stage is predicted as training runs it: as one CUDA graph where it replays one, else back to back.
     [{"stage", "ms", "timing", "device", "date", "commit", "path"}]; none without the file. A prediction is a
     computation, not a timing: the load of the machine that made it does not matter (no ``not_quiet``)."""
-    from cnn.bench.predict_report import PREDICTED_DEVICE, RESULTS_NAME
-
-    path = Path(out_dir) / RESULTS_NAME
+    path = Path(out_dir) / PREDICTION_FILE
     try:
         content = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

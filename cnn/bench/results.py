@@ -97,7 +97,13 @@ def load_average() -> list[float] | None:
 
 
 def command_line() -> str:
+    """The command that made a results file, as a reader would type it; from a notebook (whose kernel's own
+    command, ``ipykernel_launcher -f kernel.json``, says nothing), the notebook's name where Jupyter tells it
+    (``JPY_SESSION_NAME``: Jupyter's server and ``notebooks/execute.py`` set it), else "from a notebook"."""
     program = Path(sys.argv[0]).name
+    if program.startswith("ipykernel"):
+        notebook = os.environ.get("JPY_SESSION_NAME")
+        return f"from the notebook {Path(notebook).name}" if notebook else "from a notebook"
     prefix = ["python -m cnn"] if program in ("__main__.py", "cnn") else [sys.argv[0]]
     return " ".join(prefix + [shlex.quote(arg) for arg in sys.argv[1:]])
 
@@ -175,10 +181,14 @@ def row_names(result: dict) -> set[str]:
     return {row["name"] for row in result["stages"] + result["references"]}
 
 
-def shown_results(out_dir) -> list[Path]:
+def shown_results(out_dir, runs=None) -> list[Path]:
     """The bench files README shows: for each machine, device and workload the newest run, and every
     older run that measured a stage or reference no newer run did (the first H100 session timed
     stages 2-7, the second only stages 6-7 after new fixes: both are shown).
+
+    ``runs``: the (path, result) pairs to choose among, oldest first (default: every bench file of ``out_dir``).
+    ``cnn.bench.readme.published_results`` passes the quiet ones only, so that a newer run measured on a busy
+    machine, which is not published, never hides an older quiet run of the same rows.
 
     In order: machines without a GPU first, then by network (as ``cnn.model.NETWORKS`` lists them) and
     batch size, each group oldest first.
@@ -192,7 +202,7 @@ def shown_results(out_dir) -> list[Path]:
                 else len(networks), config["batch_size"])
 
     groups: dict[str, list[tuple[Path, dict]]] = {}
-    for path, result in bench_results(out_dir):
+    for path, result in bench_results(out_dir) if runs is None else runs:
         groups.setdefault(result_group(result), []).append((path, result))
     shown = []
     for runs in groups.values():

@@ -6,6 +6,7 @@ Every table is laid out by ``cnn.formatting.markdown`` (tabulate); this module d
 from __future__ import annotations
 
 from cnn.formatting import PHASE_LABELS, PHASES, compare_label, fmt_factor, fmt_mib, fmt_ms, markdown, spread
+from cnn.machine import busy_note
 
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
@@ -61,10 +62,9 @@ def table_notes(result: dict) -> list[str]:
              f"× columns: how many times faster than "
              f"that row (above 1 = faster). Peak RSS: the process's resident-memory high-water mark while the "
              f"stage ran (interpreter, libraries and data included). Command: `{result['command']}`."]
-    load, cores = result["machine"].get("load_average"), result["machine"].get("cores") or 1
-    if load and load[0] > 0.5 * cores:
-        notes.append(f"The machine was busy with other work (load average {load[0]:.1f} on {cores} cores at the "
-                     f"start): these times are inflated.")
+    busy = busy_note(result["machine"])
+    if busy:
+        notes.append(f"The machine was {busy} (other work shared its cores as the measurement began).")
     for row in result["stages"] + result["references"]:
         if row["limited_by_budget"]:
             notes.append(f"\\* {row['name']}: only {row['timed_steps']} of {row['requested_steps']} steps timed "
