@@ -209,6 +209,17 @@ def shared_runner() -> NotebookRunner:
     return _SHARED["runner"]
 
 
+#: read-only cells that only show the student something (a timing): left out of the notebooks the pool grades
+DISPLAY_ONLY = ("timing", "speedup")
+
+
+def without_display_cells(notebook):
+    """A copy of ``notebook`` without its display-only cells, which grade nothing."""
+    trimmed = copy.deepcopy(notebook)
+    trimmed.cells = [cell for cell in trimmed.cells if cell.metadata.get("nbgrader", {}).get("grade_id") not in DISPLAY_ONLY]
+    return trimmed
+
+
 def part_alone(source, release, cell: str):
     """The released notebook with only solution cell ``cell`` answered: the source's answer put back."""
     answer = next(c for c in nbgrader_cells(source) if c.metadata.nbgrader["grade_id"] == cell)

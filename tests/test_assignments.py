@@ -23,7 +23,8 @@ import nbformat
 import pytest
 
 from nbgrader_course import (is_test_cell, is_written_answer, leaked_solutions, part_alone, shared_course,
-                             shared_runner, solution_cell_ids, source_notebook, structure_problems, with_solution)
+                             shared_runner, solution_cell_ids, source_notebook, structure_problems, with_solution,
+                             without_display_cells)
 
 # The first six assignments, one per stage of the first half of the course
 # (tests/test_assignments_7_to_11.py proves the later ones the same way).
@@ -154,7 +155,8 @@ def course(tmp_path_factory):
     submissions = [(wrong.assignment, wrong.student, wrong_notebook(wrong)) for wrong in WRONG]
     submissions += [(assignment, f"only {cell}", part_alone(course.source(assignment), course.release(assignment), cell))
                     for assignment, parts in PARTS.items() for cell in parts]
-    graded = shared_runner().grade([notebook for *_, notebook in submissions], [name for name, *_ in submissions])
+    graded = shared_runner().grade([without_display_cells(notebook) for *_, notebook in submissions],
+                                   [name for name, *_ in submissions])
     grades.update({(assignment, student): result for (assignment, student, _), result in zip(submissions, graded)})
     return course, grades
 

@@ -29,7 +29,7 @@ import nbformat
 import pytest
 
 from nbgrader_course import (ASSIGNMENTS, is_test_cell, shared_course, shared_runner, solution_cell_ids, source_notebook,
-                             with_solution)
+                             with_solution, without_display_cells)
 
 REFUSED = "the course library was changed"
 UNSEALED = "no sealed verdict"
@@ -531,8 +531,9 @@ def submission(course, cheat: Cheat, whole: bool = False):
 def graded(tmp_path_factory):
     """{cheat id: {test cell: Grade}} from the notebook pool, and {cheat id: …} from nbgrader under "nbgrader"."""
     course = shared_course(tmp_path_factory)
-    results = dict(zip(map(cheat_id, CHEATS), shared_runner().grade([submission(course, cheat) for cheat in CHEATS],
-                                                                   [cheat.assignment for cheat in CHEATS])))
+    graded = shared_runner().grade([without_display_cells(submission(course, cheat)) for cheat in CHEATS],
+                                   [cheat.assignment for cheat in CHEATS])
+    results = dict(zip(map(cheat_id, CHEATS), graded))
     for name, assignment in THROUGH_NBGRADER:
         cheat = next(cheat for cheat in CHEATS if (cheat.name, cheat.assignment) == (name, assignment))
         course.submit(f"cheat-{name}", assignment, submission(course, cheat, whole=True))

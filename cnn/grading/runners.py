@@ -9,12 +9,15 @@ one of these:
 - ``launch_1d(over=2, y=2)``: the answer is a CUDA kernel, launched with one thread per element of
   argument ``over`` on device copies of the arrays; outputs are arguments copied back;
 
-and ``library_for_blanks``: a part that builds on another part's function runs with the library's
-version of it when the student left that part blank, so that every part can be graded alone.
+``library_for_blanks``: a part that builds on another part's function runs with the library's
+version of it when the student left that part blank, so that every part can be graded alone; and
+``once_per_answer``: a run several families judge (a counted run) is made once for the same answer on
+the same inputs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -74,3 +77,37 @@ def library_for_blanks(function, **library):
         yield
     finally:
         namespace.update(saved)
+
+
+_RUNS: dict = {}          # (the answer's code, a digest of the inputs) -> the outputs of its run
+
+
+def _digest(value, into=None):
+    """A digest of a case's inputs: the bytes of every array, the repr of everything else."""
+    into = into or hashlib.sha256()
+    if isinstance(value, np.ndarray):
+        into.update(repr((value.dtype.str, value.shape)).encode())
+        into.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            into.update(repr(key).encode())
+            _digest(value[key], into)
+    elif isinstance(value, (list, tuple)):
+        into.update(b"[")
+        for item in value:
+            _digest(item, into)
+        into.update(b"]")
+    else:
+        into.update(repr(value).encode())
+    return into
+
+
+def once_per_answer(run):
+    """``run``, made once for the same answer (its code) on the same inputs, then remembered: the counted
+    run that several families judge (the referee hands them the same case)."""
+    def remembered(inputs, answer, *others):
+        key = (python_function(answer).__code__, _digest(inputs).hexdigest())
+        if key not in _RUNS:
+            _RUNS[key] = run(inputs, answer, *others)
+        return _RUNS[key]
+    return remembered

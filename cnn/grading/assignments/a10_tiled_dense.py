@@ -19,6 +19,7 @@ import numpy as np
 
 from cnn.grading.bytecode import python_function
 from cnn.grading.family import Case, Family, Verdict, close, normal
+from cnn.grading.runners import once_per_answer
 from cnn.grading.traffic import compiled_code_problems, count_cuda
 from cnn.stages import s1_loops
 from kernels.device import cuda, simulated
@@ -48,10 +49,16 @@ def _tile(config) -> int:
     return tile
 
 
-def _dense_case(rng, samples, inputs, outputs, tile, columns, judges=()):
+def _product(rng, samples: int, inputs: int, outputs: int):
+    """float32 x, W, b of one product, and y = x Wᵀ + b computed by stage 1 in float64."""
     x, w, b = (normal(rng, samples, inputs, dtype=np.float32), normal(rng, outputs, inputs, dtype=np.float32),
                normal(rng, outputs, dtype=np.float32))
-    expected = s1_loops.dense_forward(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
+    return x, w, b, s1_loops.dense_forward(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
+
+
+def _dense_case(product, tile, columns, judges=()):
+    x, w, b, expected = product
+    (samples, inputs), outputs = x.shape, w.shape[0]
     what = f"y, x ({samples}, {inputs}) · Wᵀ ({inputs}, {outputs})"
     launch = {"grid": (blocks(outputs, columns), blocks(samples, tile)), "threads": (tile, tile)}
     return Case(what, {"args": [x, w, b, np.full(expected.shape, np.nan, np.float32)], **launch},
@@ -69,7 +76,7 @@ def value_cases(rng, config, memory, blocked: bool, ragged: bool):
               (False, True): [(5, 13, 7), (1, 3, 2), (tile + 3, 2 * tile + 1, tile - 1)],
               (True, True): [(5, 13, 7), (1, 3, 2), (tile + 3, 2 * tile + 1, wide + 5)]}[blocked, ragged]
     for samples, inputs, outputs in shapes:
-        yield _dense_case(rng, samples, inputs, outputs, tile, wide if blocked else tile)
+        yield _dense_case(_product(rng, samples, inputs, outputs), tile, wide if blocked else tile)
 
 
 def run_launch(inputs, kernel, *others):
@@ -146,12 +153,17 @@ def shared_reads(tile: int):
 
 
 def traffic_cases(rng, config, memory, blocked: bool, judges):
-    """The product whose traffic is graded, made of whole tiles: 2·TILE samples, 4·TILE inputs, WIDE outputs."""
+    """The product whose traffic is graded, made of whole tiles: 2·TILE samples, 4·TILE inputs, WIDE outputs —
+    one per kernel and per kernel's session, so that its families judge one counted run."""
     tile = _tile(config)
-    yield _dense_case(rng, 2 * tile, 4 * tile, tile * REGISTERS, tile, tile * REGISTERS if blocked else tile,
+    key = ("traffic", blocked, tile)
+    if key not in memory:
+        memory[key] = _product(rng, 2 * tile, 4 * tile, tile * REGISTERS)
+    yield _dense_case(memory[key], tile, tile * REGISTERS if blocked else tile,
                       judges=[refused, read_every_input, *(judge(tile) for judge in judges)])
 
 
+@once_per_answer
 def run_counted(inputs, kernel, *others):
     """The kernel run from its Python source on counting arrays: its y, its counts, and any refusal."""
     x, w, b, y = inputs["args"]

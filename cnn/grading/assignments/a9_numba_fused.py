@@ -19,7 +19,7 @@ from cnn.grading.bytecode import is_blank, python_function
 from cnn.grading.checks import parallel_loops
 from cnn.grading.client import lend
 from cnn.grading.family import Case, Family, OwnWork, Verdict, close, normal, switches
-from cnn.grading.runners import library_for_blanks
+from cnn.grading.runners import library_for_blanks, once_per_answer
 from cnn.grading.traffic import compiled_code_problems, count_python
 from cnn.stages import s1_loops
 
@@ -64,13 +64,21 @@ def plane_cases(rng, config, memory):
         yield Case(what, {"args": [x, W, b]}, [close("planes", s1_loops.conv_forward(x, W, b, 1, 0), 1e-12, what)])
 
 
-def layer_case(rng, N, C, H, Wd, F, K, size, stride, counted=()):
+def layer_case(rng, N, C, H, Wd, F, K, size, stride, counted=(), memory=None):
     """A case of the fused layer: the inputs, and the judges of its pooled output and switches. A ``counted``
-    run (its judges given) is first checked for honesty: nothing refused, every pixel of x read."""
-    x, W, b = normal(rng, N, C, H, Wd), normal(rng, F, C, K, K), normal(rng, F)
+    run (its judges given) is first checked for honesty — nothing refused, every pixel of x read — and its
+    inputs are the session's one counted case (in ``memory``), which every counted family judges."""
+    key = ("counted", N, C, H, Wd, F, K, size, stride)
+    if counted and key in memory:
+        x, W, b = memory[key]
+    else:
+        x, W, b = normal(rng, N, C, H, Wd), normal(rng, F, C, K, K), normal(rng, F)
+        if counted:
+            memory[key] = x, W, b
     planes, pooled = reference(x, W, b, size, stride)
     what = f"{'counted run, ' if counted else ''}x {x.shape}, W {W.shape}, pool {size}×{size} s={stride}"
-    judges = [close("out", pooled, 1e-12, f"pooled, {what}"), switches("switch", planes, pooled, size, stride, 1e-12, f"switches, {what}")]
+    judges = [close("out", pooled, 1e-12, f"pooled, {what}"),
+              switches("switch", planes, pooled, size, stride, 1e-12, f"switches, {what}")]
     if counted:
         judges = [refused] + judges + [read_every_pixel(x.size)] + list(counted)
     return Case(what, {"args": [x, W, b, size, stride]}, judges)
@@ -107,25 +115,34 @@ def parallel_cases(rng, config, memory):
     yield case
 
 
+#: the one counted run the speed families judge: 3 × 3 windows every pixel, so that each convolution output
+#: lies in up to 9 windows; 4 samples, so that the whole convolution output is 4 times one sample's planes
+COUNTED = dict(N=4, C=2, H=10, Wd=10, F=3, K=3, size=3, stride=1)
+HC = COUNTED["H"] - COUNTED["K"] + 1
+
+
+def counted_case(rng, memory, judge):
+    return layer_case(rng, **COUNTED, counted=[judge], memory=memory)
+
+
 def temporary_cases(rng, config, memory):
-    N, C, H, F, K = 4, 2, 10, 3, 3
-    Hc = Wc = H - K + 1
-    allowed = F * Hc * Wc
+    N, F = COUNTED["N"], COUNTED["F"]
+    allowed = F * HC * HC
 
     def judge(outputs):
         largest, shape = int(outputs.get("largest", 0)), outputs.get("largest_shape")
         line = (f"largest temporary: {largest} numbers {tuple(shape) if shape else ''}; a fused layer needs at most one "
                 f"sample's planes, F·Hc·Wc = {allowed}; the unfused layer's convolution output has N·F·Hc·Wc = "
-                f"{N * F * Hc * Wc}")
+                f"{N * F * HC * HC}")
         return Verdict(largest <= allowed, line, f"conv_relu_pool allocated an array of shape {tuple(shape or ())} "
                                                  f"({largest} numbers): the whole convolution output goes through memory."
                                                  f" Fuse: compute one Hc × Wc plane per (sample, filter) item and pool it at once")
-    yield layer_case(rng, N, C, H, H, F, K, 2, 2, counted=[judge])
+    yield counted_case(rng, memory, judge)
 
 
 def written_once_cases(rng, config, memory):
-    N, C, H, F, K, size, stride = 2, 2, 9, 3, 3, 3, 2
-    outputs_count = int(np.prod(pooled_shape(np.empty((N, C, H, H)), np.empty((F, C, K, K)), size, stride)))
+    Ho = (HC - COUNTED["size"]) // COUNTED["stride"] + 1
+    outputs_count = COUNTED["N"] * COUNTED["F"] * Ho * Ho
 
     def judge(outputs):
         for name in ("out", "switch"):
@@ -135,21 +152,18 @@ def written_once_cases(rng, config, memory):
                                               f"{loads / outputs_count:g} times: keep the running maximum and its position "
                                               f"in local variables and write each output once")
         return Verdict(True, f"out and switch: each element written once, never read ({outputs_count} elements)")
-    yield layer_case(rng, N, C, H, H, F, K, size, stride, counted=[judge])
+    yield counted_case(rng, memory, judge)
 
 
 def computed_once_cases(rng, config, memory):
-    """3 × 3 windows every pixel: each convolution output lies in up to 9 windows."""
-    N, C, H, F, K = 1, 2, 8, 2, 3
-    Hc = H - K + 1
-    multiply_adds = N * F * Hc * Hc * C * K * K
+    multiply_adds = COUNTED["N"] * COUNTED["F"] * HC * HC * COUNTED["C"] * COUNTED["K"] ** 2
 
     def judge(outputs):
         reads = int(outputs.get("loads_x", 0))
         return Verdict(reads <= multiply_adds, f"reads of x: {reads}; the convolution's multiply-adds: {multiply_adds}",
                        f"conv_relu_pool read x {reads / multiply_adds:.1f} times per multiply-add of the convolution: "
                        f"overlapping windows recompute the outputs they share. Compute the plane once, then pool it")
-    yield layer_case(rng, N, C, H, H, F, K, 3, 1, counted=[judge])
+    yield counted_case(rng, memory, judge)
 
 
 # -- the kernel's side -----------------------------------------------------------------------------------------
@@ -205,6 +219,7 @@ def run_parallel(inputs, layer, *others):
     return {"out": out, "switch": switch, "parallel": parallel_loops(compiled)}
 
 
+@once_per_answer
 def run_counted(inputs, layer, *others):
     """The layer run once more as Python on counted arrays: its outputs, its counts, and any refusal."""
     refused = compiled_code_problems(layer)
