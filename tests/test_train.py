@@ -12,15 +12,6 @@ from cnn.train import (TrainConfig, TrainingDiverged, evaluate, load_checkpoint,
                        train)
 
 
-@pytest.fixture
-def mnist_or_skip():
-    from cnn.data import DataError, find_mnist
-    try:
-        return str(find_mnist(download=False))
-    except DataError as err:
-        pytest.skip(f"real MNIST not available here: {err}")
-
-
 def tiny_data(n_train=96, n_test=40, seed=0):
     """Random 28×28 'digits' whose class is written into the mean brightness of a corner: learnable."""
     return corner_digits(n_train, n_test, seed)
@@ -151,10 +142,10 @@ def test_checkpoint_is_atomic_and_damage_is_reported(tmp_path, monkeypatch):
         load_checkpoint(tmp_path / "missing.npz")
 
 
-def test_real_mnist_learns_quickly(mnist_or_skip):
-    """150 steps of LeNet-5 with stage numpy on real MNIST already classify most test digits (chance: 10 %)."""
-    history = train(quiet(epochs=1, batch_size=64, limit_train=64 * 150, limit_test=1000,
-                          data_dir=mnist_or_skip))
+def test_real_mnist_learns_quickly(real_mnist):
+    """60 steps of LeNet-5 with stage numpy on real MNIST (batch 64, lr 0.02) already classify most test digits
+    (chance: 10 %; seed 0 reaches 90 %, seeds 1 and 2 85-88 %). MNIST from tests/conftest.py's ``real_mnist``."""
+    history = train(quiet(epochs=1, batch_size=64, limit_train=64 * 60, limit_test=1000, data_dir=str(real_mnist)))
     assert history["final_test_accuracy"] > 0.7
 
 
