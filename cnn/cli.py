@@ -165,14 +165,16 @@ def cmd_stages(args) -> int:
     from cnn.bench.measure import simulator_on
 
     problem = None if simulator_on() else numba_cuda_problem()
-    for number, (name, reason) in enumerate(available_stages(), start=1):
+    stages = available_stages()
+    width = max(len(name) for name, _ in stages)          # the names' column as wide as the longest
+    for number, (name, reason) in enumerate(stages, start=1):
         if reason is None:
             summary = get_stage(name).summary
         elif problem and problem in reason:
             summary = "numba-cuda cannot compile kernels with the installed numpy (the last line says why)"
         else:
             summary = reason.split(": ", 1)[1]
-        print(f"{number}. {name:<11} {'ok ' if reason is None else 'n/a'}  {summary}")
+        print(f"{number}. {name:<{width}}  {'ok ' if reason is None else 'n/a'}  {summary}")
     if problem:
         print(f"numba-cuda and numpy: {problem}")
     return 0

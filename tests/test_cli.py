@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,9 @@ def test_stages_command_lists_reference_stages():
     result = run_cli("stages")
     assert result.returncode == 0, result.stderr
     assert "loops" in result.stdout and "numpy" in result.stdout
+    lines = [line for line in result.stdout.splitlines() if line[:1].isdigit()]
+    columns = {re.search(r" (ok |n/a)  ", line).start() for line in lines}      # one column, cuda-fused-net too
+    assert len(lines) >= 8 and len(columns) == 1, result.stdout
 
 
 @pytest.mark.parametrize("argv,message", [
