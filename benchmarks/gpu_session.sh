@@ -8,7 +8,9 @@
 #   sh benchmarks/gpu_session.sh profile   # stage 7's ablation, both networks
 #   sh benchmarks/gpu_session.sh train     # cuda-tuned, LeNet-5, 10 epochs on MNIST
 #   sh benchmarks/gpu_session.sh fused-net # stage 8: its gpu tests; cuda-tuned and cuda-fused-net beside PyTorch
-#                                          # (eager and one CUDA graph) on both networks; 10 epochs of MNIST
+#                                          # (eager and one CUDA graph) on both networks; Nsight Compute's time of
+#                                          # each of its kernels (kernel 1 PREDICTED 25-70 us LeNet-5 b64, 339-568
+#                                          # us AlexNet-small b128: kernels/fused_net_cost.py); 10 epochs of MNIST
 #   sh benchmarks/gpu_session.sh predict   # issue 22, ~9 min: everything the committed PREDICTION claims, measured —
 #                                          # stages 4-7 on both networks (phase by phase and back to back), the
 #                                          # ablation's two tiled-conv rows, Nsight Compute per kernel (if present);
@@ -36,11 +38,11 @@ if ls .whl/numpy-*.whl >/dev/null 2>&1; then
 fi
 "$PYTHON" -c "import numpy, numba; from numba import cuda; print('numpy', numpy.__version__, 'numba', numba.__version__, cuda.get_current_device().name)"
 
-ncu_kernels() {   # $1 model, $2 batch: every kernel of two cuda-tuned training steps, Nsight Compute's times
+ncu_kernels() {   # $1 model, $2 batch[, $3 stage]: every kernel of two training steps of the stage (cuda-tuned), Nsight Compute's times
     command -v ncu >/dev/null || { echo "ncu (Nsight Compute) is not on the PATH: no kernel table" >&2; return 0; }
-    ncu --profile-from-start off --clock-control none --csv --log-file "$results/ncu-cuda-tuned-$1-b$2.csv" \
+    ncu --profile-from-start off --clock-control none --csv --log-file "$results/ncu-${3:-cuda-tuned}-$1-b$2.csv" \
         --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
-        "$PYTHON" -m cnn bench --profile cuda-tuned --model "$1" --batch-size "$2" --data random --steps 2 --min-steps 1 --budget 1 \
+        "$PYTHON" -m cnn bench --profile "${3:-cuda-tuned}" --model "$1" --batch-size "$2" --data random --steps 2 --min-steps 1 --budget 1 \
         --out-dir "$results" > /dev/null
 }
 
@@ -86,13 +88,15 @@ for part in "$@"; do
         run "$PYTHON" -m cnn train --stage cuda-tuned --epochs 10 --no-progress \
             --out "$results/train-lenet5-cuda-tuned-10ep-$gpu-$(date +%F).json"
         ;;
-    fused-net)                # stage 8 (issue 21): ~7 minutes on an H100
+    fused-net)                # stage 8 (issue 21): ~9 minutes on an H100
         "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_fused_net.py \
             2>&1 | tee "$results/gpu-tests-stage8.log"
         run "$PYTHON" -m cnn bench --stage cuda-tuned,cuda-fused-net --model lenet5 --batch-size 64 --budget 15 \
             --out-dir "$results"
         run "$PYTHON" -m cnn bench --stage cuda-tuned,cuda-fused-net --model alexnet-small --batch-size 128 \
             --data random --budget 15 --out-dir "$results"
+        run ncu_kernels lenet5 64 cuda-fused-net
+        run ncu_kernels alexnet-small 128 cuda-fused-net
         gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-' | tr 'A-Z' 'a-z')
         run "$PYTHON" -m cnn train --stage cuda-fused-net --epochs 10 --no-progress \
             --out "$results/train-lenet5-cuda-fused-net-10ep-$gpu-$(date +%F).json"
