@@ -39,9 +39,10 @@ What the plan decides for speed (``kernels/fused_net_window.py`` uses it):
               the backward pass stages DX_FILTERS filters at a time, channel-fastest.
 
 Row 0 is a header (``OPS`` rows follow, ``SAMPLES`` samples a block, where the input and labels
-sit, the words of shared memory in all, where the scratch and the staging area start); each later
-row holds the fields named below. Offsets are in 4-byte words of the block's dynamic shared
-memory, seen as float32 (activations and gradients) and as int32 (pooling switches and labels).
+sit, the words of shared memory in all, where the scratch, the dW parts and the staging area
+start); each later row holds the fields named below. Offsets are in 4-byte words of the block's
+dynamic shared memory, seen as float32 (activations, gradients, weights), as int32 (labels) and as
+bytes (switches: a row's switches start at byte 4·SWITCH).
 A buffer holds the block's ``SAMPLES`` samples one after the other.
 
 Per group of S samples, a block's shared memory holds:
