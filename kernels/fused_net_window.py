@@ -49,9 +49,8 @@ from numba import float32, int32
 from kernels.device import cuda
 from kernels.fused_net_layers import at, passed, split, stage_rows, tile_pitch
 from kernels.fused_net_table import (CHANNEL_TILE, DIN, DOUT, DW_PARTS, DX_FILTERS, FILTER_TILE, HC, HO, IN, NEED_DX,
-                                     OPAD, TAP_TILE,
-                                     OUT, PAD, PARAM, POOL, POSITIONS, PSTRIDE, RELU, SLICES, STEP_ROWS, STRIDE,
-                                     SWITCH, WC, WO, WORD, C, F, H, K, W)
+                                     OPAD, OUT, PAD, PARAM, POOL, POSITIONS, PSTRIDE, RELU, SLICES, STEP_ROWS, STRIDE,
+                                     SWITCH, TAP_TILE, WC, WO, WORD, C, F, H, K, W)
 from kernels.launch import covering_windows
 
 CODE = 16                                   # a switch: the winner's row in the window · CODE + its column
