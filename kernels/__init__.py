@@ -39,6 +39,7 @@ Stage 8's fused training step (issue 21), three kernels a step:
 
     fused_net_table   the network as an int32 layer table, and the block's shared-memory plan
     fused_net_layers  each kind of table row as device functions on one block's shared memory
+    fused_net_window  the WINDOW rows (convolution, pooling), forward and backward
     fused_net_step    one kernel: gather, forward, loss and backward of a group of samples per block
     fused_net_sum_sgd the groups' weight gradients summed in a fixed order, fused with the SGD step
     fused_net_cost    what the fused step should cost on an H100, phase by phase (PREDICTED)
