@@ -54,33 +54,47 @@ def losses_of(history) -> np.ndarray:
     return np.array([loss for _, loss, _, _ in history["steps"]])
 
 
+def accuracy_noise(accuracy: float, images: int) -> float:
+    """The standard error of an accuracy measured on ``images`` test images: √(p(1 − p)/n)."""
+    return float(np.sqrt(accuracy * (1 - accuracy) / images))
+
+
 def exercise_2(fast: bool) -> None:
     """A whole epoch with every fast stage: how different are the accuracies at the end, and why?
 
-    Answer. They end within a few tenths of a percent of each other — the course's quiet-machine run
-    measured 99.15 % (numpy) and 99.11 % (numba-cpu) after one epoch, 99.34 / 99.38 % after ten, and the
-    GPU stages 99.24–99.32 % after ten — about as far apart as two runs of one stage with different seeds.
-    Every stage computes the same function from the same initial weights on the same batches; they differ
-    only in the order of float32 additions (BLAS's blocking, Numba's loops, the GPU's tiles and its atomic
-    adds, whose order even changes from run to run). Those rounding differences, ~1e-7 at the first step
-    (below), are amplified step by step — SGD is a chaotic map — so after hundreds of steps the weights
-    differ visibly and the runs behave like two samples of the same training process: the same accuracy
-    within the noise of a 10 000-image test set (±0.1 % ≈ 10 images), never systematically apart.
+    Answer. Close, and no further apart than two runs of one stage from different seeds — the run below
+    computes it: stages numpy and numba-cpu with the notebook's recipe (the course's defaults, seed 0, the
+    same batches), and numpy again from seed 1. The difference is not one stage being better. Every stage
+    computes the same function from the same initial weights on the same batches; they differ only in the
+    order of float32 additions (BLAS's blocking, Numba's loops, and on a GPU the tiles and the atomic adds,
+    whose order even changes from run to run). Those rounding differences — a relative 1e-8 to 1e-7 of
+    the loss over the first steps (printed) — grow step by step, since SGD is a chaotic map (the last
+    steps' difference is printed beside the first's), and over an epoch the two stages become two samples
+    of the same training process, as two seeds do. Whether their gap is larger than the test set's own
+    noise — the standard error √(p(1 − p)/n) of an accuracy measured on n images, printed beside it —
+    says whether it is the training that varies or only the measurement.
     """
-    steps, batch = (40, 32) if fast else (938, 64)
+    steps, batch = (40, 64) if fast else (937, 64)
     data = load_dataset(TrainConfig(limit_train=steps * batch, limit_test=500 if fast else None))
-    histories = {}
-    for stage in ("numpy", "numba-cpu"):
-        histories[stage] = train(TrainConfig(stage=stage, epochs=1, batch_size=batch, lr=0.05, momentum=0.9,
-                                             progress=False), data)
-        print(f"{stage:<10} test accuracy {histories[stage]['final_test_accuracy']:.2%}")
-    first, second = (losses_of(histories[stage]) for stage in ("numpy", "numba-cpu"))
+    test_images = len(data[3])
+    runs = {}
+    for stage, seed in (("numpy", 0), ("numba-cpu", 0), ("numpy", 1)):
+        runs[stage, seed] = train(TrainConfig(stage=stage, epochs=1, batch_size=batch, seed=seed, progress=False),
+                                  data)
+        print(f"{stage:<10} seed {seed}: test accuracy {runs[stage, seed]['final_test_accuracy']:.2%}")
+    first, second = (losses_of(runs[stage, 0]) for stage in ("numpy", "numba-cpu"))
     drift = np.abs(first - second) / first
-    print(f"relative difference of the loss: step 1 {drift[0]:.1e}, largest over the first 5 steps {drift[:5].max():.1e}, "
-          f"over the last 5 {drift[-5:].max():.1e}")
+    print(f"relative difference of the loss, numpy against numba-cpu: step 1 {drift[0]:.1e}, largest over the first "
+          f"5 steps {drift[:5].max():.1e}, over the last 5 {drift[-5:].max():.1e}")
+    accuracy = {key: history["final_test_accuracy"] for key, history in runs.items()}
+    stages_apart = abs(accuracy["numpy", 0] - accuracy["numba-cpu", 0])
+    seeds_apart = abs(accuracy["numpy", 0] - accuracy["numpy", 1])
+    noise = accuracy_noise(accuracy["numpy", 0], test_images)
+    print(f"after {steps} steps: the two stages {stages_apart:.2%} apart, two seeds of numpy {seeds_apart:.2%} apart; "
+          f"the test set's standard error at this accuracy on {test_images:,} images: {noise:.2%}")
     assert drift[:5].max() < 1e-4, "the same function, to rounding, at the start"
-    gap = abs(histories["numpy"]["final_test_accuracy"] - histories["numba-cpu"]["final_test_accuracy"])
-    assert gap <= (0.05 if fast else 0.01)
+    assert drift[-5:].max() > drift[:5].max(), "rounding differences grow"
+    assert stages_apart <= max(seeds_apart, 3 * noise), "as close as a change of seed, or within the test set's noise"
 
 
 def exercise_3(fast: bool) -> None:
