@@ -68,9 +68,9 @@ def census_runner(stage, images, labels, batch_size, hyper):
     return EpochLoop(stage, batches, hyper, steps_per_epoch=len(batches))
 
 
-def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 4,
-                 reduced_copy: bool = False) -> str:
-    """The before/after count table of stage 7's docstring (cuda-ring against cuda-tuned), as text.
+def census_counts(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps: int = 4,
+                  reduced_copy: bool = False) -> dict:
+    """{(model, stage): ``step_census``'s counts} of cuda-ring and cuda-tuned on each network.
 
     ``reduced_copy`` counts on the networks' narrow copies (``cnn.model.REDUCED``): the same
     launches, arguments, copies and allocations — only the bytes shrink — in seconds in the simulator.
@@ -85,7 +85,13 @@ def census_table(models=("lenet5", "alexnet-small"), batch_size: int = 2, steps:
             stage = stage_class(net).init("he", 0)
             rows[model, stage_class.name] = step_census(
                 stage, census_runner(stage, images, labels, batch_size, hyper), steps)
-    columns = [(model, stage) for model in models for stage in ("cuda-ring", "cuda-tuned")]
+    return rows
+
+
+def census_table(rows: dict, batch_size: int = 2) -> str:
+    """The before/after count table of stage 7's docstring (cuda-ring against cuda-tuned) from ``census_counts``'s
+    rows (counted at ``batch_size``), as text."""
+    columns = list(rows)
     lines = [f"{'per training step':<40}" + "".join(f"{f'{model} {stage}':>26}" for model, stage in columns)]
     for key, label in ROWS:
         values = [rows[column][key] / (batch_size if key == "bytes_to_device" else 1) for column in columns]
@@ -98,5 +104,5 @@ def cmd_census(args) -> int:
     """``--census [--reduced]``: print the table (the simulator counts as well as a GPU)."""
     for name in ("cuda-ring", "cuda-tuned"):
         get_stage(name)                        # StageUnavailable: one line, why and what to try
-    print(census_table(reduced_copy=args.reduced))
+    print(census_table(census_counts(reduced_copy=args.reduced)))
     return 0
