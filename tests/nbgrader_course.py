@@ -224,3 +224,16 @@ def part_alone(source, release, cell: str):
     """The released notebook with only solution cell ``cell`` answered: the source's answer put back."""
     answer = next(c for c in nbgrader_cells(source) if c.metadata.nbgrader["grade_id"] == cell)
     return with_solution(release, cell, answer.source)
+
+
+def part_alone_problems(grades: dict, parts: dict, cell: str) -> str:
+    """What is wrong with the grades of the release with only ``cell`` answered: "" when that part's test
+    cells ``parts[cell]`` have full marks and every other test cell zero."""
+    if set().union(*parts.values()) != grades.keys():
+        return f"PARTS must name every test cell once: {sorted(grades)}"
+    earned = {name for name, grade in grades.items() if grade.score == grade.max_score > 0}
+    scored = {name for name, grade in grades.items() if grade.score != 0}
+    if earned != parts[cell] or scored != earned:
+        missing = {name: grades[name].error for name in parts[cell] - earned}
+        return f"{cell} alone: earned {sorted(earned)}, scored {sorted(scored)}; missing {missing}"
+    return ""

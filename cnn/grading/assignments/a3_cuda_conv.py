@@ -25,44 +25,30 @@ def out_size(size, K, stride, pad):
     return (size + 2 * pad - K) // stride + 1
 
 
-def _problem(rng, N, C, H, W, F, K, stride, pad):
-    """float32 x, w and dy of one case, and the label of its lines."""
-    x, w = normal(rng, N, C, H, W, dtype=np.float32), normal(rng, F, C, K, K, dtype=np.float32)
-    dy = normal(rng, N, F, out_size(H, K, stride, pad), out_size(W, K, stride, pad), dtype=np.float32)
-    return x, w, dy, f"x {x.shape}, w {w.shape}, s={stride} p={pad}"
-
-
 def nan(shape) -> np.ndarray:
     return np.full(shape, np.nan, np.float32)
 
 
-def forward_cases(rng, config, memory, family):
+def kernel_cases(rng, config, memory, family, kernel):
+    """Cases of one ``kernel`` — "forward", "filter" (dw) or "data" (dx) — on the shapes of ``family``: float32
+    inputs, the output filled with NaN, stage 1's answer computed in float64 on the same numbers."""
     for N, C, H, W, F, K, stride, pad in SHAPES[family]:
-        x, w, dy, label = _problem(rng, N, C, H, W, F, K, stride, pad)
-        expected = s1_loops.conv_forward(x.astype(np.float64), w.astype(np.float64), np.zeros(F), stride, pad)
-        yield Case(label, {"args": [x, w, nan(expected.shape), stride, pad]}, [close("y", expected, 1e-5, f"forward, {label}")])
+        x, w = normal(rng, N, C, H, W, dtype=np.float32), normal(rng, F, C, K, K, dtype=np.float32)
+        dy = normal(rng, N, F, out_size(H, K, stride, pad), out_size(W, K, stride, pad), dtype=np.float32)
+        label = f"x {x.shape}, w {w.shape}, s={stride} p={pad}"
+        x64, w64, dy64 = (array.astype(np.float64) for array in (x, w, dy))
+        if kernel == "forward":
+            name, args, expected = "y", [x, w, nan(dy.shape)], s1_loops.conv_forward(x64, w64, np.zeros(F), stride, pad)
+        elif kernel == "filter":
+            name, args, expected = "dw", [dy, x, nan(w.shape)], s1_loops.conv_backward(dy64, x64, w64, stride, pad)[1]
+        else:
+            name, args, expected = "dx", [dy, w, nan(x.shape)], s1_loops.conv_backward(dy64, x64, w64, stride, pad)[0]
+        what = f"{'forward' if kernel == 'forward' else name}, {label}"
+        yield Case(label, {"args": [*args, stride, pad]}, [close(name, expected, 1e-5, what)])
 
 
-def filter_cases(rng, config, memory, family):
-    for N, C, H, W, F, K, stride, pad in SHAPES[family]:
-        x, w, dy, label = _problem(rng, N, C, H, W, F, K, stride, pad)
-        _, expected, _ = s1_loops.conv_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
-                                                stride, pad)
-        yield Case(label, {"args": [dy, x, nan(w.shape), stride, pad]}, [close("dw", expected, 1e-5, f"dw, {label}")])
-
-
-def data_cases(rng, config, memory, family):
-    for N, C, H, W, F, K, stride, pad in SHAPES[family]:
-        x, w, dy, label = _problem(rng, N, C, H, W, F, K, stride, pad)
-        expected, _, _ = s1_loops.conv_backward(dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
-                                                stride, pad)
-        yield Case(label, {"args": [dy, w, nan(x.shape), stride, pad]}, [close("dx", expected, 1e-5, f"dx, {label}")])
-
-
-FORWARD, FILTER, DATA = launch_1d(2, y=2), launch_1d(2, dw=2), launch_1d(2, dx=2)
 FAMILIES = {
-    f"test_{kind}_{key}": Family(partial(cases, family=family), run)
-    for kind, cases, run in (("forward", forward_cases, FORWARD), ("filter", filter_cases, FILTER),
-                             ("data", data_cases, DATA))
+    f"test_{kernel}_{key}": Family(partial(kernel_cases, family=family, kernel=kernel), launch_1d(2, **{output: 2}))
+    for kernel, output in (("forward", "y"), ("filter", "dw"), ("data", "dx"))
     for key, family in (("stride1", "stride 1"), ("stride2", "stride 2"), ("padding", "padding"))
 }
