@@ -105,21 +105,48 @@ def test_device_epoch_flags_the_first_non_finite_loss():
     assert stage.epoch_state.first_bad_step() == 2
 
 
-def test_trainer_drives_the_device_epoch_like_numpy(tmp_path):
+class StopAtRequest:
+    """Wraps a stage: its ``requests``-th ``run_steps`` request raises KeyboardInterrupt (a run killed there)."""
+
+    def __init__(self, stage, requests):
+        self.stage, self.requests_left = stage, requests
+
+    def __getattr__(self, name):
+        return getattr(self.stage, name)
+
+    def run_steps(self, first, count):
+        self.requests_left -= 1
+        if self.requests_left < 0:
+            raise KeyboardInterrupt
+        return self.stage.run_steps(first, count)
+
+
+def test_trainer_drives_the_device_epoch_like_numpy(tmp_path, monkeypatch):
     """cnn.train.train with cuda-tuned (requests of SYNC_EVERY steps, cut at every checkpoint) = with numpy;
-    and a run stopped after its first checkpoint resumes mid-epoch to the same result."""
+    and a run stopped after its first checkpoint resumes mid-epoch to the same result, bit for bit.
+    TINY, 2 epochs of 3 steps, a checkpoint every 2: requests of 2 and 1 steps, then 1 and 2."""
+    from cnn import checkpoint_schema
     from cnn.train import TrainConfig, train
 
-    net = NETWORKS["lenet5-reduced"]
-    data = epoch_data(net, samples=8, test=4)
-    config = dict(model="lenet5", epochs=2, batch_size=2, lr=0.05, progress=False, checkpoint_every=3)
-    runs = {}
+    monkeypatch.setattr(checkpoint_schema, "get_network", lambda name, *rest: TINY)  # TINY's checkpoints load
+    data = epoch_data(TINY, samples=6, test=3)
+    config = dict(model="lenet5", epochs=2, batch_size=2, lr=0.05, progress=False, checkpoint_every=2)
+    runs, stages = {}, {}
     for name, stage_class, dtype in [("numpy", NumpyStage, np.float64), ("cuda-tuned", CudaTunedStage, np.float32)]:
-        stage = prepared(stage_class, net, dtype, start_params(net))
-        runs[name] = train(TrainConfig(**config, checkpoint=str(tmp_path / f"{name}.npz")), data, stage=stage)
+        stages[name] = prepared(stage_class, TINY, dtype, start_params(TINY))
+        runs[name] = train(TrainConfig(**config, checkpoint=str(tmp_path / f"{name}.npz")), data, stage=stages[name])
     losses = {name: np.array([step[1] for step in run["steps"]]) for name, run in runs.items()}
-    assert len(losses["cuda-tuned"]) == 8 and rel_error(losses["cuda-tuned"], losses["numpy"]) < TOL
+    assert len(losses["cuda-tuned"]) == 6 and rel_error(losses["cuda-tuned"], losses["numpy"]) < TOL
     assert runs["cuda-tuned"]["epochs"][-1]["test_accuracy"] == runs["numpy"]["epochs"][-1]["test_accuracy"]
+
+    checkpoint = str(tmp_path / "stopped.npz")
+    stopped = StopAtRequest(prepared(CudaTunedStage, TINY, np.float32, start_params(TINY)), requests=1)
+    with pytest.raises(KeyboardInterrupt):                      # after the checkpoint at step 2, mid-epoch
+        train(TrainConfig(**config, checkpoint=checkpoint), data, stage=stopped)
+    resumed = prepared(CudaTunedStage, TINY, np.float32, start_params(TINY, seed=7))    # overwritten on resume
+    history = train(TrainConfig(**config, checkpoint=checkpoint, resume=True), data, stage=resumed)
+    assert [step[1] for step in history["steps"]] == [step[1] for step in runs["cuda-tuned"]["steps"]]
+    assert np.array_equal(resumed.get_params(), stages["cuda-tuned"].get_params())
 
 
 def test_tiled_training_is_reproducible_bit_for_bit():
