@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cnn.grading.bytecode import python_function   # the Python function behind a Numba dispatcher
 from cnn.machine import SIMULATOR_VARIABLE, nvidia_gpu_present, use_cuda_simulator_unless_gpu
 REPOSITORY = Path(__file__).resolve().parent.parent
 BENCH_RESULTS = REPOSITORY / "benchmarks" / "results"
@@ -66,15 +67,6 @@ def use_simulator_without_gpu() -> bool:
     else:
         print("CUDA kernels run on the GPU.")
     return simulator_requested()
-
-
-def python_function(obj):
-    """The Python function behind a Numba dispatcher (CPU ``@njit``, CUDA kernel, simulated kernel), else ``obj``."""
-    for attribute in ("py_func", "fn"):
-        inner = getattr(obj, attribute, None)
-        if callable(inner):
-            return inner
-    return obj
 
 
 def show(*objects) -> None:
