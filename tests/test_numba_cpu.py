@@ -303,3 +303,33 @@ def test_input_grad_needs_this_batchs_backward(schedule):
     stage.forward()
     with pytest.raises(RuntimeError, match="between backward"):
         stage.input_grad
+
+
+# -- the backward from the winners' patches (kernels/cpu/conv_patches.py) ---------------------------------
+
+@pytest.mark.parametrize("size,stride,pad,pool,relu", [
+    (3, 1, 1, (2, 2), True),        # the common case: 2x2 windows every 2 pixels
+    (3, 2, 1, (3, 2), True),        # stride-2 conv, overlapping 3x3/s2 windows: a pixel may win two windows
+    (5, 1, 2, (2, 1), False),       # overlapping 2x2/s1 windows, no ReLU
+    (2, 1, 0, None, False),         # no pooling: every position is a window of one
+    (3, 1, 1, None, True)])
+def test_patch_backward_equals_numpy(size, stride, pad, pool, relu):
+    """The backward from the winners' patches, on any conv/ReLU/pool combination, against stage 2's ops one by one
+    (the stage takes it only for long patches: here it is called directly, on short ones)."""
+    from kernels.cpu.conv_patches import patch_backward
+
+    rng = np.random.default_rng(size * 100 + stride * 10 + pad)
+    ref = NumpyStage.ops
+    x, W, b = rng.normal(size=(3, 5, 9, 8)), rng.normal(size=(6, 5, size, size)), rng.normal(size=6)
+    z = ref.conv_forward(x, W, b, stride, pad)
+    y = ref.relu_forward(z) if relu else z
+    switch = np.empty((*y.shape[:2], 0, 0), np.int64)
+    if pool:
+        y, switch = ref.maxpool_forward(y, *pool)
+    dy = rng.normal(size=y.shape)
+    dz = ref.maxpool_backward(dy, switch, z.shape, *pool) if pool else dy
+    dz = ref.relu_backward(dz, z) if relu else dz
+    dx_ref, dW_ref, db_ref = ref.conv_backward(dz, x, W, stride, pad)
+    dx, dW, db = np.full_like(x, np.nan), np.zeros_like(W), np.zeros_like(b)
+    patch_backward(dy, y, switch, x, W, stride, pad, relu, *(pool or (0, 0)), dW, db, dx, True, 0, x.shape[0])
+    assert rel_error(dx, dx_ref) < 1e-12 and rel_error(dW, dW_ref) < 1e-12 and rel_error(db, db_ref) < 1e-12

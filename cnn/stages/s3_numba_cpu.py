@@ -177,7 +177,7 @@ def conv_backward(dy, x, W, stride, pad):
     x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy, x.dtype)
     dx, dW, db = np.empty_like(x), np.empty(W.shape, x.dtype), np.empty(W.shape[0], x.dtype)
     conv_block_backward(dy, dy, _no_switch(*dy.shape[:2]), x, np.ascontiguousarray(W, x.dtype),
-                        stride, pad, False, False, dW, db, dx, True, numba.get_num_threads())
+                        stride, pad, False, 0, 0, dW, db, dx, True, numba.get_num_threads())
     return dx, dW, db
 
 
@@ -511,10 +511,11 @@ class NumbaCpuStage(HostStage):
         params, grads, layer = self.param_views[step.first], self.grad_views[step.first], step.layers[0]
         if step.kind in ("conv_relu_pool", "conv"):
             fused = step.kind == "conv_relu_pool"
+            pool_size, pool_stride = (step.layers[2].size, step.layers[2].stride) if fused else (0, 0)
             if not fused:
                 out, switch = grad_out, _no_switch(*grad_out.shape[:2])
-            conv_block_backward(grad_out, out, switch, x, params["W"], layer.stride, layer.pad,
-                                fused, fused, grads["W"], grads["b"], dx, need_dx, numba.get_num_threads())
+            conv_block_backward(grad_out, out, switch, x, params["W"], layer.stride, layer.pad, fused,
+                                pool_size, pool_stride, grads["W"], grads["b"], dx, need_dx, numba.get_num_threads())
         elif step.kind == "relu":
             relu_backward_kernel(grad_out.reshape(-1), out.reshape(-1), dx.reshape(-1))
         elif step.kind == "maxpool":

@@ -3,10 +3,11 @@
 Forward, each thread takes work items (block of samples, filter): it correlates every input
 channel into a scratch conv plane that stays in cache, then pools it straight into the output
 (``pool.pool_plane``), so only the pooled output and the argmax switches reach memory. Backward,
-items are (block of samples, input channel): the gradient at the conv output is rebuilt from the
-switches into the scratch plane, and dW, db, dx taken from it; each thread sums dW and db into
-its own copy, added up at the end (no races, no atomics). The layout and the SIMD loops are
-``layout.py``'s.
+a layer whose patch (C·K·K numbers) is long takes only the terms the switches select, from the
+winners' patches (``conv_patches``); a layer with short patches takes whole planes: items are
+(block of samples, input channel), the gradient at the conv output is rebuilt from the switches
+into the scratch plane, and dW, db, dx taken from it. Each thread sums dW and db into its own copy,
+added up at the end (no races, no atomics). The layout and the SIMD loops are ``layout.py``'s.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from numba import njit, prange
 
 from kernels.cpu.layout import (SIMD_ROUND, chunk_range, dot_4x4, fma_4x4, geometry, load_channel, run_length,
                                 samples_per_block, scratch, store_channel)
+from kernels.cpu.conv_patches import PATCH_MIN_TAPS, patch_backward
 from kernels.cpu.pool import pool_plane, unpool_plane
 
 
@@ -178,9 +180,18 @@ def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride
 
 
 @njit(cache=True)
+def uses_patches(W):
+    """Whether the backward takes the winners' patches (``conv_patches``: a patch of at least PATCH_MIN_TAPS
+    numbers) rather than the whole planes."""
+    return W.shape[1] * W.shape[2] * W.shape[3] >= PATCH_MIN_TAPS
+
+
+@njit(cache=True)
 def conv_items(x, W, stride, pad, backward=False):
-    """Work items of a convolution over the samples of x: (block of samples, group of four filters) forward,
-    (block of samples, group of four input channels) backward."""
+    """Work items of a convolution over the samples of x: (block of samples, group of four filters) forward;
+    backward, samples (the patches) or (block of samples, group of four input channels) (the planes)."""
+    if backward and uses_patches(W):
+        return x.shape[0]
     Hp, Wp, _, _ = geometry(x, W, stride, pad)
     blocks = -(-x.shape[0] // samples_per_block(x.shape[0], Hp, Wp))
     return blocks * -(-(x.shape[1] if backward else W.shape[0]) // 4)
@@ -202,7 +213,19 @@ def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, 
 
 
 @njit(cache=True)
-def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
+def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx,
+                               lo, hi):
+    """Work items lo ≤ item < hi of the backward (``conv_items``): add their share of dW and db into this
+    thread's own copies ``dW``, ``db``; write their part of dx. The winners' patches when the patch is long
+    enough (``uses_patches``), else the planes (``_plane_backward``)."""
+    if uses_patches(W):
+        patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx, lo, hi)
+    else:
+        _plane_backward(dout, out, switch, x, W, stride, pad, relu, pool_size > 0, dW, db, dx, need_dx, lo, hi)
+
+
+@njit(cache=True)
+def _plane_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
     """Work items lo ≤ item < hi, item = (block of samples, group of four input channels): add the
     item's share of dW[:, c] (and, from the item of the first group, of db) into this thread's own
     copies ``dW``, ``db``; write dx[block, c] for the group's channels, which no other item touches.
@@ -262,19 +285,20 @@ def _sum_copies(copies, total):
 
 
 @njit(parallel=True, cache=True)
-def conv_block_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, threads):
+def conv_block_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx,
+                        threads):
     """Backward of ``conv_block_forward``: writes dW, db and (if need_dx) dx.
 
-    Threads: the work items (block of samples, input channel), one contiguous chunk per
-    thread — enough work even at batch 1. Each thread sums into its own copy of dW and db;
-    the copies are added at the end, so no two threads ever write the same number.
+    Threads: the work items (``conv_items``), one contiguous chunk per thread. Each thread sums into
+    its own copy of dW and db; the copies are added at the end, so no two threads ever write the
+    same number.
     """
     items = conv_items(x, W, stride, pad, True)
     chunks = min(threads, items)
     dW_copies, db_copies = _zeroed_copies(chunks, dW.size, W.dtype), _zeroed_copies(chunks, db.size, W.dtype)
     for chunk in prange(chunks):
         lo, hi = chunk_range(chunk, chunks, items)
-        _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pooled,
+        _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride,
                                    dW_copies[chunk].reshape(dW.shape), db_copies[chunk], dx, need_dx, lo, hi)
     _sum_copies(dW_copies, dW.reshape(-1))
     _sum_copies(db_copies, db)

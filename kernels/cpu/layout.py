@@ -152,14 +152,14 @@ def dot_4x4(y0, y1, y2, y3, x0, x1, x2, x3, sums):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def add_rows(y, a, X):
-    """y += Σ_t a[t]·X[t] (X a matrix, one row a term): four rows a pass (``axpy4``), the rest one by one."""
-    t = 0
-    while t + 4 <= X.shape[0]:
-        axpy4(y, a[t], X[t], a[t + 1], X[t + 1], a[t + 2], X[t + 2], a[t + 3], X[t + 3])
-        t += 4
-    for t in range(t, X.shape[0]):
-        axpy(y, a[t], X[t])
+def add_rows_at(y, a, X, rows, count):
+    """y += Σ_{e < count} a[e]·X[rows[e]] (X a matrix, a row a term): four rows a pass (``axpy4``), the rest one by one."""
+    e = 0
+    while e + 4 <= count:
+        axpy4(y, a[e], X[rows[e]], a[e + 1], X[rows[e + 1]], a[e + 2], X[rows[e + 2]], a[e + 3], X[rows[e + 3]])
+        e += 4
+    for e in range(e, count):
+        axpy(y, a[e], X[rows[e]])
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.cpu.conv_pool import _conv_block_backward_chunk, _conv_block_forward_chunk, conv_items
-from kernels.cpu.layout import SAFE_FASTMATH, add_rows, chunk_range, dot
+from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, chunk_range, dot
 from kernels.cpu.pool import maxpool_backward_kernel, maxpool_kernel
 
 BLOCK_SAMPLES = 8      # samples a thread takes through the whole network at a time (fixed: results do not
@@ -91,16 +91,17 @@ def _dense_forward(x, W, b, relu, y):
 def _dense_backward(dy, x, W, dW, db, dx, need_dx):
     """dW[o] += Σ_n dy[n, o]·x[n],  db[o] += Σ_n dy[n, o],  dx[n] = Σ_o dy[n, o]·W[o].
 
-    Each is a sum of rows (``add_rows``, four rows a pass): row o of dW is loaded and stored
+    Each is a sum of rows (``add_rows_at``, four rows a pass): row o of dW is loaded and stored
     once for four of the block's samples, dx[n] once for four rows of W."""
+    every = np.arange(max(x.shape[0], W.shape[0]))         # the rows to add: all of them, in order
     for o in range(W.shape[0]):
-        add_rows(dW[o], dy[:, o], x)
+        add_rows_at(dW[o], dy[:, o], x, every, x.shape[0])
         for n in range(x.shape[0]):
             db[o] += dy[n, o]
     if need_dx:
         for n in range(x.shape[0]):
             dx[n] = 0
-            add_rows(dx[n], dy[n], W)
+            add_rows_at(dx[n], dy[n], W, every, W.shape[0])
 
 
 @njit(cache=True)
@@ -166,13 +167,12 @@ def _backward_row(row, params, images, acts, switches, grads, grad_copy, input_g
     if kind == CONV:
         W, _ = _weights(row, params)
         dW, db = _weights(row, grad_copy)
-        pooled = row[POOL_SIZE] > 0
-        if pooled:
+        if row[POOL_SIZE] > 0:
             switch = _output_of(row, switches, batch, n0, n1)
         else:
             switch = np.empty((n1 - n0, row[C_OUT], 0, 0), np.int64)
-        _conv_block_backward_chunk(dout, out, switch, x, W, row[STRIDE], row[PAD], relu, pooled, dW, db, dx,
-                                   need_dx, 0, conv_items(x, W, row[STRIDE], row[PAD], True))
+        _conv_block_backward_chunk(dout, out, switch, x, W, row[STRIDE], row[PAD], relu, row[POOL_SIZE],
+                                   row[POOL_STRIDE], dW, db, dx, need_dx, 0, conv_items(x, W, row[STRIDE], row[PAD], True))
     elif kind == DENSE:
         W, _ = _weights(row, params)
         dW, db = _weights(row, grad_copy)

@@ -61,6 +61,15 @@ def pool_plane(z, row_step, col_step, plane_width, bias, relu, size, stride, out
 
 
 @njit(cache=True)
+def gradient_reaching(dout, out, relu, i, j):
+    """The gradient that pooled output (i, j) passes back: dout[i, j], or 0 where its ReLU passed nothing."""
+    g = dout[i, j]
+    if relu:
+        g = g if out[i, j] > 0 else 0        # a select, not a branch: random data would mispredict
+    return g
+
+
+@njit(cache=True)
 def unpool_plane(dout, out, switch, relu, pooled, plane_width, row_step, col_step, dz):
     """Add into dz the gradient arriving at a plane before ReLU and pooling (element (h, w) of the
     plane is dz[h·row_step + w·col_step]); return its sum, the bias gradient of a conv's plane.
@@ -73,9 +82,7 @@ def unpool_plane(dout, out, switch, relu, pooled, plane_width, row_step, col_ste
     Hq, Wq = dout.shape
     for i in range(Hq):
         for j in range(Wq):
-            grad = dout[i, j]
-            if relu:
-                grad = grad if out[i, j] > 0 else 0      # a select, not a branch: random data would mispredict
+            grad = gradient_reaching(dout, out, relu, i, j)
             h, w = i, j
             if pooled:
                 h, w = switch[i, j] // plane_width, switch[i, j] % plane_width

@@ -1,0 +1,182 @@
+"""The backward pass of a convolution from the patches its gradient really reaches: pooling's winners only.
+
+Max-pooling sends the gradient of each window to ONE position of the convolution's output — the
+window's winner, its switch — so with 2 × 2 windows 3 numbers in 4 of dL/dz are zero, and the
+plane kernels of ``conv_pool`` multiply them all the same. Here every nonzero term is taken alone,
+as a sum of whole rows:
+
+    dW[f]             += g · patch(h, w)     for each window of filter f, won at (h, w) with gradient g
+    dx[patch(h, w)]   += Σ_f g_f · W[f]      for each position (h, w), over the filters whose window it won
+    db[f]             += g
+
+patch(h, w) is the C × K × K block of the zero-padded input under output (h, w): a row of stage 2's
+im2col matrix. A sample at a time, the input is copied channels-last (``channels_last``: the C
+numbers of a pixel side by side), so that a patch is K runs of K·C contiguous numbers, and
+``unfold`` copies the patch of every output position into a row of X, its numbers in (p, q, c)
+order (W is put in the same order once a call: ``in_patch_order``). Then
+
+    dW   for each filter, the rows of X its windows chose, four a pass (``add_rows_at``);
+    dx   for each pooling window, its filters grouped by the position they chose (``window_groups``);
+         for each group v = Σ g_f · W[f] (four rows a pass), added back at that patch (``add_patch``).
+
+A quarter of the multiply-adds (with 2 × 2 windows; a ReLU that passed nothing removes more, a
+convolution without pooling is the same code with every position a window of one), in rows of
+C·K·K numbers. But a gathered row costs a load for every multiply-add, where the plane kernels
+keep their weights in registers, so the patches pay only when they are long: the stage takes them
+when a patch holds at least ``PATCH_MIN_TAPS`` numbers (``conv_pool.uses_patches``). Measured for one
+block of 8 samples, float32, one thread (dW and dx; the first conv of a network needs only dW)::
+
+    AlexNet-small conv 2 (32 -> 32 channels, 16 x 16)   planes 3.21 ms   patches 1.80 ms
+    AlexNet-small conv 3 (32 -> 64 channels, 8 x 8)     planes 2.24 ms   patches 0.86 ms
+    LeNet-5 conv 2 (6 -> 16 channels, 150 a patch)      planes 0.133     patches 0.122
+    AlexNet-small conv 1 (3 -> 32, 75 a patch), dW      planes 0.77      patches 0.89   (below the line)
+    LeNet-5 conv 1 (1 -> 6, 25 a patch), dW             planes 0.051     patches 0.135  (below the line)
+
+Thread → data: the work items are samples; a call takes samples lo … hi−1 and adds their dW and db
+into the copies it is given (each thread its own); dx[n] is written by the item of sample n alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, geometry
+from kernels.cpu.pool import gradient_reaching
+
+PATCH_MIN_TAPS = 128     # C·K·K from which the backward takes the winners' patches (measured: see above)
+
+
+@njit(cache=True)
+def channels_last(x_n, pad, Wp, x_cl, into):
+    """One sample channels-last: x_cl[((pad + h)·Wp + pad + w)·C + c] = x_n[c, h, w] when ``into``, else back
+    the other way (the border of x_cl is neither written nor read: what falls on it is dropped)."""
+    C, H, W = x_n.shape
+    for c in range(C):
+        for h in range(H):
+            at = ((pad + h) * Wp + pad) * C + c
+            for w in range(W):
+                if into:
+                    x_cl[at + w * C] = x_n[c, h, w]
+                else:
+                    x_n[c, h, w] = x_cl[at + w * C]
+
+
+@njit(cache=True)
+def unfold(x_cl, C, Wp, K, stride, Ho, Wo, X):
+    """X[h·Wo + w, (p·K + q)·C + c] = padded input[c, h·stride + p, w·stride + q]: the patch under every output
+    position, each one row, copied as K runs of K·C contiguous numbers."""
+    KC = K * C
+    for h in range(Ho):
+        for w in range(Wo):
+            row = X[h * Wo + w]
+            for p in range(K):
+                source = x_cl[((h * stride + p) * Wp + w * stride) * C:]
+                target = row[p * KC:]
+                for k in range(KC):
+                    target[k] = source[k]
+
+
+@njit(cache=True)
+def in_patch_order(W):
+    """W as (F, K·K·C) rows in the order of a patch: Wt[f, (p·K + q)·C + c] = W[f, c, p, q]."""
+    F, C, K = W.shape[0], W.shape[1], W.shape[2]
+    Wt = np.empty((F, K * K * C), W.dtype)
+    for f in range(F):
+        for c in range(C):
+            for p in range(K):
+                for q in range(K):
+                    Wt[f, (p * K + q) * C + c] = W[f, c, p, q]
+    return Wt
+
+
+@njit(cache=True)
+def add_from_patch_order(dWt, dW):
+    """dW[f, c, p, q] += dWt[f, (p·K + q)·C + c]: the inverse of ``in_patch_order``, added."""
+    F, C, K = dW.shape[0], dW.shape[1], dW.shape[2]
+    for f in range(F):
+        for c in range(C):
+            for p in range(K):
+                for q in range(K):
+                    dW[f, c, p, q] += dWt[f, (p * K + q) * C + c]
+
+
+@njit(cache=True)
+def winners(dout_f, out_f, switch_f, relu, pooled, Wo, rows, gs):
+    """The nonzero terms of one filter's plane: rows[e] = the output position h·Wo + w its e-th window chose
+    (every position when not pooled), gs[e] = the gradient it gets. Returns their count and the sum of all
+    the gradient (the filter's db)."""
+    count, total = 0, dout_f.dtype.type(0)
+    Hq, Wq = dout_f.shape
+    for i in range(Hq):
+        for j in range(Wq):
+            g = gradient_reaching(dout_f, out_f, relu, i, j)
+            total += g
+            if g != 0:
+                rows[count] = switch_f[i, j] if pooled else i * Wo + j
+                gs[count] = g
+                count += 1
+    return count, total
+
+
+@njit(cache=True)
+def window_groups(dout_n, out_n, switch_n, relu, pooled, i, j, size, stride, Wo, rows, gs, counts):
+    """The filters of pooling window (i, j) grouped by the position they chose: group a·size + b (the window's
+    row a, column b) gets rows[group, :counts[group]] = those filters, gs[...] = their gradients."""
+    counts[:] = 0
+    for f in range(dout_n.shape[0]):
+        g = gradient_reaching(dout_n[f], out_n[f], relu, i, j)
+        if g != 0:
+            position = switch_n[f, i, j] if pooled else i * Wo + j
+            group = (position // Wo - i * stride) * size + position % Wo - j * stride
+            rows[group, counts[group]], gs[group, counts[group]] = f, g
+            counts[group] += 1
+
+
+@njit(cache=True, fastmath=SAFE_FASTMATH)
+def add_patch(x_cl, at, row_step, K, v):
+    """The patch of x_cl whose first number is at ``at`` += v (K runs of K·C numbers, ``row_step`` apart)."""
+    run = v.size // K
+    for p in range(K):
+        target, part = x_cl[at + p * row_step:], v[p * run:]
+        for k in range(run):
+            target[k] += part[k]
+
+
+@njit(cache=True)
+def patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx, lo, hi):
+    """Backward of conv + bias (+ ReLU) (+ max-pool when pool_size > 0) for samples lo … hi−1 from the winners'
+    patches: adds into dW and db; writes dx[lo:hi] when ``need_dx``."""
+    F, C, K = W.shape[0], W.shape[1], W.shape[2]
+    Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
+    pooled = pool_size > 0
+    size, step = (pool_size, pool_stride) if pooled else (1, 1)
+    windows = dout.shape[2] * dout.shape[3]
+    Wt, dWt = in_patch_order(W), np.zeros((F, K * K * C), W.dtype)
+    x_cl, dx_cl = np.zeros(Hp * Wp * C, W.dtype), np.zeros(Hp * Wp * C, W.dtype)
+    X, v = np.empty((Ho * Wo, K * K * C), W.dtype), np.empty(K * K * C, W.dtype)
+    rows, gs = np.empty(windows, np.int64), np.empty(windows, W.dtype)
+    group_rows, group_gs = np.empty((size * size, F), np.int64), np.empty((size * size, F), W.dtype)
+    counts = np.zeros(size * size, np.int64)
+    for n in range(lo, hi):
+        channels_last(x[n], pad, Wp, x_cl, True)
+        unfold(x_cl, C, Wp, K, stride, Ho, Wo, X)
+        for f in range(F):
+            count, total = winners(dout[n, f], out[n, f], switch[n, f], relu, pooled, Wo, rows, gs)
+            add_rows_at(dWt[f], gs, X, rows, count)
+            db[f] += total
+        if not need_dx:
+            continue
+        dx_cl[:] = 0
+        for i in range(dout.shape[2]):
+            for j in range(dout.shape[3]):
+                window_groups(dout[n], out[n], switch[n], relu, pooled, i, j, size, step, Wo, group_rows, group_gs,
+                              counts)
+                for group in range(size * size):
+                    if counts[group] > 0:
+                        h, w = i * step + group // size, j * step + group % size
+                        v[:] = 0
+                        add_rows_at(v, group_gs[group], Wt, group_rows[group], counts[group])
+                        add_patch(dx_cl, (h * stride * Wp + w * stride) * C, Wp * C, K, v)
+        channels_last(dx[n], pad, Wp, dx_cl, False)
+    add_from_patch_order(dWt, dW)
