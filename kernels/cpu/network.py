@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.cpu.conv_pool import _conv_block_backward_chunk, _conv_block_forward_chunk, conv_items
-from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, chunk_range, dot
+from kernels.cpu.layout import SAFE_FASTMATH, add_dot_products, add_product, chunk_range
 from kernels.cpu.pool import maxpool_backward_kernel, maxpool_kernel
 
 BLOCK_SAMPLES = 8      # samples a thread takes through the whole network at a time (fixed: results do not
@@ -78,30 +78,28 @@ def _weights(row, params):
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
 def _dense_forward(x, W, b, relu, y):
-    """y[n, o] = Σ_i x[n, i]·W[o, i] + b[o] (then ReLU) for the block's samples.
-
-    Row o of W is read once for all the block's samples (it stays in L1 while they use it)."""
-    for o in range(W.shape[0]):
-        for n in range(x.shape[0]):
-            value = dot(x[n], W[o]) + b[o]
-            y[n, o] = value if value > 0 or not relu else 0
+    """y[n, o] = Σ_i x[n, i]·W[o, i] + b[o] (then ReLU) for the block's samples: sixteen dot products
+    (four samples × four rows of W) a pass (``add_dot_products``)."""
+    for n in range(x.shape[0]):
+        y[n] = b
+    add_dot_products(y, x, W)
+    if relu:
+        for n in range(y.shape[0]):
+            for o in range(y.shape[1]):
+                y[n, o] = y[n, o] if y[n, o] > 0 else 0
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
 def _dense_backward(dy, x, W, dW, db, dx, need_dx):
-    """dW[o] += Σ_n dy[n, o]·x[n],  db[o] += Σ_n dy[n, o],  dx[n] = Σ_o dy[n, o]·W[o].
-
-    Each is a sum of rows (``add_rows_at``, four rows a pass): row o of dW is loaded and stored
-    once for four of the block's samples, dx[n] once for four rows of W."""
-    every = np.arange(max(x.shape[0], W.shape[0]))         # the rows to add: all of them, in order
+    """dW += dyᵀ·x,  db[o] += Σ_n dy[n, o],  dx = dy·W: products of the block's rows (``add_product``: four
+    rows of dW by four samples a pass; four samples of dx by four rows of W)."""
+    add_product(dW, dy.T, x)
     for o in range(W.shape[0]):
-        add_rows_at(dW[o], dy[:, o], x, every, x.shape[0])
         for n in range(x.shape[0]):
             db[o] += dy[n, o]
     if need_dx:
-        for n in range(x.shape[0]):
-            dx[n] = 0
-            add_rows_at(dx[n], dy[n], W, every, W.shape[0])
+        dx[:] = 0
+        add_product(dx, dy, W)
 
 
 @njit(cache=True)
