@@ -49,12 +49,15 @@ train: $(VENV)/.installed-core
 notebooks: $(VENV)/.installed-dev
 	$(PY) notebooks/execute.py
 
-# The headline picture, then the generated blocks of README.md, docs/benchmarks.md, docs/profiling.md and the
+# The headline picture, then the generated blocks of README.md, docs/benchmarks.md (the fault-injection table and
+# the distributed strategies too), docs/profiling.md and the
 # stage docstrings, from the quiet files of benchmarks/results/ (the files left out are named).
 docs: $(VENV)/.installed-core
 	$(PY) -m cnn bench --headline
 	$(PY) -m cnn bench --update-readme
 	$(PY) -m cnn bench --update-docs
+	$(PY) benchmarks/fault_injection.py --render-only --page docs/benchmarks.md --readme README.md
+	$(PY) -m cnn.parallel.report benchmarks/results/parallel_strategies.json --into docs/benchmarks.md
 
 # The course website in results/site/ (open results/site/index.html): README, docs/ and the tutorial
 # notebooks with their stored outputs, not re-executed (site/conf.py). Equations: apt-get install libjs-mathjax.

@@ -2,7 +2,7 @@
 
     CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_strategies.py
     CNN_DATA_DIR=/work/shared/data python benchmarks/parallel_strategies.py --only allreduce-overlap ...
-    python -m cnn.parallel.report benchmarks/results/parallel_strategies.json --into README.md
+    python -m cnn.parallel.report benchmarks/results/parallel_strategies.json --into docs/benchmarks.md
 
 Measure on an otherwise idle machine with at least 4 cores, for one rank per core (on fewer the
 ranks are oversubscribed, and the table says so: its first line names the CPU, its cores, the
