@@ -7,7 +7,8 @@ Switching the whole course to it is a change to the import line below.
 Two questions the rest of the code asks about the machine:
 
 - ``simulated()``: is Numba's CUDA simulator on (``NUMBA_ENABLE_CUDASIM=1``, read when
-  numba is first imported)? Kernels then run as Python threads, ~130 µs per thread.
+  numba is first imported)? Kernels then run as Python threads, ~130 µs per thread, with
+  ``kernels.simulator``'s fix for the simulator's lock convoy put in place.
 - ``gpu_unavailable_reason()``: None when the kernels can run (a real GPU, or the simulator),
   else one line saying why not and how to try them anyway.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from numba import config
 from numba import cuda
+
+from kernels import simulator
 
 __all__ = ["cuda", "simulated", "gpu_unavailable_reason"]
 
@@ -27,6 +30,10 @@ SIMULATOR_HINT = ("to try the kernels without a GPU run a tiny job in the simula
 def simulated() -> bool:
     """True when Numba's CUDA simulator runs the kernels instead of a GPU."""
     return bool(config.ENABLE_CUDASIM)
+
+
+if simulated():
+    simulator.install()
 
 
 def gpu_unavailable_reason() -> str | None:

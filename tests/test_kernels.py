@@ -20,6 +20,7 @@ from cnn.stages.s4_cuda import CudaStage, device_zeros, to_device
 from cnn.stages.s5_cuda_fused import CudaFusedStage, conv_relu_pool_backward, conv_relu_pool_forward
 from kernels.bias_relu import bias_grad
 from kernels.dense import TILE
+from kernels.device import cuda, simulated
 from kernels.fill import fill
 from kernels.sgd import sgd_momentum
 from kernels.softmax_xent import softmax_xent
@@ -228,3 +229,33 @@ def test_ops_at_full_size(net, stage):
             dy = random(rng, *y.shape)
             assert_close([ops.maxpool_backward(dy, argmax, x.shape, layer.size, layer.stride)],
                          [s2_numpy.maxpool_backward(dy.astype(np.float64), argmax, x.shape, layer.size, layer.stride)])
+
+
+def test_the_simulator_swaps_cuda_once_a_launch_and_restores_it():
+    """kernels.simulator: a kernel whose device function lives in another module (kernels.reduction.block_sum:
+    cuda.blockDim, cuda.syncthreads) sums 64 random numbers right in every block, and after the launch that
+    module's ``cuda`` is the real numba.cuda again — also after a launch that fails."""
+    import kernels.reduction as reduction
+    from kernels import simulator
+
+    if not simulated():
+        pytest.skip("checks the simulator's patch; on a GPU the simulator is not used")
+    assert simulator.install()
+
+    @cuda.jit
+    def sums_of_rows(rows, out):
+        values = cuda.shared.array(64, np.float32)
+        t = cuda.threadIdx.x
+        values[t] = rows[cuda.blockIdx.x, t]
+        reduction.block_sum(values, t)
+        if t == 0:
+            out[cuda.blockIdx.x] = values[0]
+
+    rows = np.random.default_rng(7).standard_normal((3, 64)).astype(np.float32)
+    out = np.zeros(3, np.float32)
+    sums_of_rows[3, 64](rows, out)
+    assert rel_error(out, rows.astype(np.float64).sum(axis=1)) < TOL
+    assert reduction.cuda is cuda
+    with pytest.raises(Exception):
+        sums_of_rows[3, 64](rows[:, :8], out)          # an index past the rows' end, inside the launch
+    assert reduction.cuda is cuda
