@@ -333,3 +333,20 @@ def test_patch_backward_equals_numpy(size, stride, pad, pool, relu):
     dx, dW, db = np.full_like(x, np.nan), np.zeros_like(W), np.zeros_like(b)
     patch_backward(dy, y, switch, x, W, stride, pad, relu, *(pool or (0, 0)), dW, db, dx, True, 0, x.shape[0])
     assert rel_error(dx, dx_ref) < 1e-12 and rel_error(dW, dW_ref) < 1e-12 and rel_error(db, db_ref) < 1e-12
+
+
+@pytest.mark.parametrize("size,pad,relu", [(3, 1, True), (2, 0, False), (5, 2, True)])
+def test_window_forward_equals_numpy(size, pad, relu):
+    """Conv + 2x2/2 pool a pooling window at a time (the stage takes it for wide layers on small planes), called
+    directly on an odd plane (the last row and column are no window's) with a filter count not a multiple of 4."""
+    from kernels.cpu.conv_patches import window_forward
+
+    rng = np.random.default_rng(size * 10 + pad)
+    ref = NumpyStage.ops
+    x, W, b = rng.normal(size=(3, 5, 9, 8)), rng.normal(size=(6, 5, size, size)), rng.normal(size=6)
+    z = ref.conv_forward(x, W, b, 1, pad)
+    y, switch = ref.maxpool_forward(ref.relu_forward(z) if relu else z, 2, 2)
+    out, got = np.full_like(y, np.nan), np.full(switch.shape, -1)
+    window_forward(x, W, b, pad, relu, out, got, 0, x.shape[0])
+    passed = y > 0 if relu else np.ones(y.shape, bool)      # a window all ReLU-zero passes nothing back: any switch
+    assert rel_error(out, y) < 1e-12 and np.array_equal(got[passed], switch[passed])

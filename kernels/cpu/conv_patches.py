@@ -1,4 +1,5 @@
-"""The backward pass of a convolution from the patches its gradient really reaches: pooling's winners only.
+"""A convolution computed from its patches: the forward of a wide layer a pooling window at a time, and the
+backward from the patches pooling's winners select.
 
 Max-pooling sends the gradient of each window to ONE position of the convolution's output — the
 window's winner, its switch — so with 2 × 2 windows 3 numbers in 4 of dL/dz are zero, and the
@@ -32,8 +33,23 @@ block of 8 samples, float32, one thread (dW and dx; the first conv of a network 
     AlexNet-small conv 1 (3 -> 32, 75 a patch), dW      planes 0.77      patches 0.89   (below the line)
     LeNet-5 conv 1 (1 -> 6, 25 a patch), dW             planes 0.051     patches 0.135  (below the line)
 
-Thread → data: the work items are samples; a call takes samples lo … hi−1 and adds their dW and db
-into the copies it is given (each thread its own); dx[n] is written by the item of sample n alone.
+Forward (``window_forward``), the same patches serve a conv of stride 1 followed by 2 × 2 max-pooling
+every 2 pixels: one ``dot_4x4`` pass takes the patches of a pooling window's four corners against four
+filters' rows — sixteen dot products of C·K·K numbers, their sums held in registers — and the window
+is pooled straight from the sixteen sums. Unlike the plane kernels (``conv_pool``) it computes no
+output that straddles a row edge, but it gathers its patches and ends every dot product in a
+horizontal sum: it pays only where the planes waste much — K − 1 columns in Wp, a quarter or more —
+on long patches (``conv_pool.uses_windows``). Measured for one block of 8 samples, float32, one
+thread, the two taking turns (7 rounds; windows / planes, min-median-max)::
+
+    AlexNet-small conv 3 (32 -> 64 channels, 8 x 8, Wp 12)      0.82-0.82-0.83   (0.92 -> 0.76 ms)
+    16 -> 32 channels, 12 x 12, pad 2 (Wp 16)                   0.88-0.88-0.90
+    AlexNet-small conv 2 (32 -> 32 channels, 16 x 16, Wp 20)    1.07-1.08-1.08   (planes kept)
+    16 -> 32 channels, 16 x 16, pad 2 (Wp 20)                   1.24-1.27-1.33   (planes kept)
+
+Thread → data: the work items are samples; a call takes samples lo … hi−1, forward writes their pooled
+outputs and switches; backward adds their dW and db into the copies it is given (each thread its own),
+and dx[n] is written by the item of sample n alone.
 """
 
 from __future__ import annotations
@@ -41,10 +57,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, geometry
+from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, dot_4x4, four_rows, geometry
 from kernels.cpu.pool import gradient_reaching
 
 PATCH_MIN_TAPS = 128     # C·K·K from which the backward takes the winners' patches (measured: see above)
+WINDOW_MIN_TAPS = 256    # C·K·K from which a pooled conv's forward may go a window at a time (see above)
 
 
 @njit(cache=True)
@@ -180,3 +197,45 @@ def patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_s
                         add_patch(dx_cl, (h * stride * Wp + w * stride) * C, Wp * C, K, v)
         channels_last(dx[n], pad, Wp, dx_cl, False)
     add_from_patch_order(dWt, dW)
+
+
+@njit(cache=True)
+def _pool_window(sums, k, bias, relu):
+    """Max-pool column k of a window's sums (rows: its corners (0, 0), (0, 1), (1, 0), (1, 1)): the pooled value
+    (bias added, then ReLU if ``relu``) and the corner of the first maximum (the tie rule of np.argmax)."""
+    best, corner = sums[0, k], 0
+    for other in range(1, 4):
+        value = sums[other, k]
+        corner = other if value > best else corner      # selects, not branches: random data mispredicts
+        best = value if value > best else best
+    best += bias
+    return (max(best, 0) if relu else best), corner
+
+
+@njit(cache=True)
+def window_forward(x, W, b, pad, relu, out, switch, lo, hi):
+    """Conv (stride 1) + bias (+ ReLU) + 2 × 2 max-pool every 2 pixels for samples lo … hi−1, a pooling window
+    at a time: its four corners' patches · four filters' rows in one ``dot_4x4`` pass, pooled from the sums.
+
+    out[n, f, i, j] = max over corners (a, b) of (patch(2i + a, 2j + b) · W[f]) + b[f]   (then ReLU)
+    switch[n, f, i, j] = (2i + a)·Wo + 2j + b of the first maximum
+    """
+    F, C, K = W.shape[0], W.shape[1], W.shape[2]
+    Hp, Wp, Ho, Wo = geometry(x, W, 1, pad)
+    Wt = in_patch_order(W)
+    x_cl, X = np.zeros(Hp * Wp * C, W.dtype), np.empty((Ho * Wo, K * K * C), W.dtype)
+    sums, zero = np.zeros((4, 4), W.dtype), np.zeros(K * K * C, W.dtype)
+    for n in range(lo, hi):
+        channels_last(x[n], pad, Wp, x_cl, True)
+        unfold(x_cl, C, Wp, K, 1, Ho, Wo, X)
+        for i in range(out.shape[2]):
+            for j in range(out.shape[3]):
+                top = 2 * i * Wo + 2 * j                        # the window's corner (0, 0)
+                for f0 in range(0, F, 4):
+                    w0, w1, w2, w3 = four_rows(Wt, f0, zero)
+                    sums[:] = 0
+                    dot_4x4(X[top], X[top + 1], X[top + Wo], X[top + Wo + 1], w0, w1, w2, w3, sums)
+                    for k in range(min(4, F - f0)):
+                        value, corner = _pool_window(sums, k, b[f0 + k], relu)
+                        out[n, f0 + k, i, j] = value
+                        switch[n, f0 + k, i, j] = (2 * i + corner // 2) * Wo + 2 * j + corner % 2

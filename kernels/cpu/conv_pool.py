@@ -2,9 +2,11 @@
 
 Forward, each thread takes work items (block of samples, filter): it correlates every input
 channel into a scratch conv plane that stays in cache, then pools it straight into the output
-(``pool.pool_plane``), so only the pooled output and the argmax switches reach memory. Backward,
-a layer whose patch (C·K·K numbers) is long takes only the terms the switches select, from the
-winners' patches (``conv_patches``); a layer with short patches takes whole planes: items are
+(``pool.pool_plane``), so only the pooled output and the argmax switches reach memory; a wide layer
+(a long patch of C·K·K numbers) followed by 2 × 2 pooling goes a pooling window at a time from its
+patches instead (``conv_patches.window_forward``). Backward, a layer whose patch is long takes only
+the terms the switches select, from the winners' patches (``conv_patches``); a layer with short
+patches takes whole planes: items are
 (block of samples, input channel), the gradient at the conv output is rebuilt from the switches
 into the scratch plane, and dW, db, dx taken from it. Each thread sums dW and db into its own copy,
 added up at the end (no races, no atomics). The layout and the SIMD loops are ``layout.py``'s.
@@ -17,7 +19,7 @@ from numba import njit, prange
 
 from kernels.cpu.layout import (SIMD_ROUND, chunk_range, dot_4x4, fma_4x4, geometry, load_channel, run_length,
                                 samples_per_block, scratch, store_channel)
-from kernels.cpu.conv_patches import PATCH_MIN_TAPS, patch_backward
+from kernels.cpu.conv_patches import PATCH_MIN_TAPS, WINDOW_MIN_TAPS, patch_backward, window_forward
 from kernels.cpu.pool import pool_plane, unpool_plane
 
 
@@ -150,6 +152,16 @@ def _bias_relu_plane(z, row_step, col_step, bias, relu, out):
 
 @njit(cache=True)
 def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi):
+    """Work items lo ≤ item < hi of the forward (``conv_items``): a pooling window at a time when
+    ``uses_windows``, else a plane at a time (``_plane_forward``)."""
+    if uses_windows(x, W, stride, pad, pool_size, pool_stride):
+        window_forward(x, W, b, pad, relu, out, switch, lo, hi)
+    else:
+        _plane_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi)
+
+
+@njit(cache=True)
+def _plane_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi):
     """Work items lo ≤ item < hi, item = (block of samples, group of four filters), with this thread's own scratch."""
     N, C = x.shape[0], x.shape[1]
     F, groups = W.shape[0], -(-W.shape[0] // 4)
@@ -187,10 +199,21 @@ def uses_patches(W):
 
 
 @njit(cache=True)
-def conv_items(x, W, stride, pad, backward=False):
-    """Work items of a convolution over the samples of x: (block of samples, group of four filters) forward;
-    backward, samples (the patches) or (block of samples, group of four input channels) (the planes)."""
-    if backward and uses_patches(W):
+def uses_windows(x, W, stride, pad, pool_size, pool_stride):
+    """Whether the forward goes a pooling window at a time (``conv_patches.window_forward``: stride 1, 2 × 2
+    windows every 2 pixels, a patch of at least WINDOW_MIN_TAPS numbers, and planes whose straddling
+    columns — K − 1 of Wp — would be a quarter of the work or more) rather than a plane at a time."""
+    K, Wp = W.shape[2], x.shape[3] + 2 * pad
+    taps = W.shape[1] * K * K
+    return stride == 1 and pool_size == 2 and pool_stride == 2 and taps >= WINDOW_MIN_TAPS and 4 * (K - 1) >= Wp
+
+
+@njit(cache=True)
+def conv_items(x, W, stride, pad, pool_size, pool_stride, backward):
+    """Work items of a convolution over the samples of x: samples where it takes the patches (forward
+    ``uses_windows``, backward ``uses_patches``), else (block of samples, group of four filters) forward and
+    (block of samples, group of four input channels) backward (the planes)."""
+    if uses_patches(W) if backward else uses_windows(x, W, stride, pad, pool_size, pool_stride):
         return x.shape[0]
     Hp, Wp, _, _ = geometry(x, W, stride, pad)
     blocks = -(-x.shape[0] // samples_per_block(x.shape[0], Hp, Wp))
@@ -201,11 +224,11 @@ def conv_items(x, W, stride, pad, backward=False):
 def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, threads):
     """Conv + bias (+ ReLU) (+ max-pool, when pool_size > 0) for the whole batch.
 
-    Threads: the work items (block of samples, filter), one contiguous chunk per thread.
-    Each thread owns a padded copy of its current block and a scratch conv plane that
-    stays in cache; when pooled, the conv plane never reaches memory.
+    Threads: the work items (``conv_items``), one contiguous chunk per thread. Each thread owns a
+    padded copy of its current block and a scratch conv plane that stays in cache (or its patches,
+    a sample at a time); when pooled, the conv output never reaches memory.
     """
-    items = conv_items(x, W, stride, pad)
+    items = conv_items(x, W, stride, pad, pool_size, pool_stride, False)
     chunks = min(threads, items)
     for chunk in prange(chunks):
         lo, hi = chunk_range(chunk, chunks, items)
@@ -293,7 +316,7 @@ def conv_block_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, p
     its own copy of dW and db; the copies are added at the end, so no two threads ever write the
     same number.
     """
-    items = conv_items(x, W, stride, pad, True)
+    items = conv_items(x, W, stride, pad, pool_size, pool_stride, True)
     chunks = min(threads, items)
     dW_copies, db_copies = _zeroed_copies(chunks, dW.size, W.dtype), _zeroed_copies(chunks, db.size, W.dtype)
     for chunk in prange(chunks):

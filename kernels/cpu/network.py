@@ -137,7 +137,8 @@ def _forward_row(row, params, images, acts, switches, batch, n0, n1):
         else:
             switch = np.empty((n1 - n0, row[C_OUT], 0, 0), np.int64)
         _conv_block_forward_chunk(x, W, b, row[STRIDE], row[PAD], relu, row[POOL_SIZE], row[POOL_STRIDE],
-                                  out, switch, 0, conv_items(x, W, row[STRIDE], row[PAD]))
+                                  out, switch, 0,
+                                  conv_items(x, W, row[STRIDE], row[PAD], row[POOL_SIZE], row[POOL_STRIDE], False))
     elif kind == DENSE:
         W, b = _weights(row, params)
         _dense_forward(x.reshape((n1 - n0, -1)), W.reshape((W.shape[0], -1)), b, relu, out.reshape((n1 - n0, -1)))
@@ -170,7 +171,8 @@ def _backward_row(row, params, images, acts, switches, grads, grad_copy, input_g
         else:
             switch = np.empty((n1 - n0, row[C_OUT], 0, 0), np.int64)
         _conv_block_backward_chunk(dout, out, switch, x, W, row[STRIDE], row[PAD], relu, row[POOL_SIZE],
-                                   row[POOL_STRIDE], dW, db, dx, need_dx, 0, conv_items(x, W, row[STRIDE], row[PAD], True))
+                                   row[POOL_STRIDE], dW, db, dx, need_dx, 0,
+                                   conv_items(x, W, row[STRIDE], row[PAD], row[POOL_SIZE], row[POOL_STRIDE], True))
     elif kind == DENSE:
         W, _ = _weights(row, params)
         dW, db = _weights(row, grad_copy)
