@@ -129,10 +129,24 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    ms (1.05x; it used 1 thread: the other jobs kept about one core busy), -fixed 7.15 and 15.9
    (2.22x), -layers 7.10 and 14.7 (2.06x), PyTorch 12.2 and 27.1 (2.23x), numpy 45.9 and 42.0 ms;
    numba-cpu / PyTorch 0.58 on 1 thread, 0.27 on 2. The fastest steps show what a free second core
-   gives: numba-cpu-fixed 1.55 ms on 2 threads against 3.01 on 1; PyTorch 2.78 and 4.34 ms. On a
-   quiet machine FreeCores uses both cores, so the PREDICTION there (not measured) is about 1.6
-   ms a step, about 0.55x PyTorch's 2-thread step; the target, 0.5x, is for the quiet re-run to
-   confirm or not.
+   gives: numba-cpu-fixed 1.55 ms on 2 threads against 3.01 on 1; PyTorch 2.78 and 4.34 ms.
+
+3. The quiet re-run (2026-11-28, the same 2-core machine with nothing else running: load 0.5-1.0,
+   the benchmark's own; 4 runs of ``--repeats 60`` for LeNet-5, 3 of ``--model alexnet-small
+   --repeats 12 --rows numba-cpu,numba-cpu-fixed,torch-cpu``; min-max of the runs' medians;
+   benchmarks/results/numba_vs_torch-*-2026-11-28.json)::
+
+       LeNet-5 b64          1 thread: numba-cpu 3.61-3.89 ms, PyTorch 4.32-4.64 ms   0.84-0.86
+                            2 threads: numba-cpu-fixed 1.92-2.06, PyTorch 3.10-3.27  0.61-0.63
+       AlexNet-small b128   1 thread: numba-cpu 106-114 ms, PyTorch 93.5-98.2 ms     1.13-1.16
+                            2 threads: numba-cpu-fixed 52.6-58.7, PyTorch 48.9-51.3  1.08-1.15
+
+   So issue 23's target (0.5x PyTorch) is not reached: 0.61-0.63x at best on LeNet-5, and on
+   AlexNet-small this stage is still 8-16 % slower. In these runs the ``numba-cpu`` row itself
+   (FreeCores) took one thread on most 2-thread steps (LeNet-5 3.52-3.85 ms): PyTorch's OpenMP
+   threads, spinning in the same process between its turns, count as busy elsewhere. Without the
+   PyTorch rows (``--rows numba-cpu,numba-cpu-fixed``) it takes both cores: 2.29 ms against
+   -fixed's 2.20.
 
 The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
 version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
