@@ -58,7 +58,7 @@ import numpy as np
 from numba import njit
 
 from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, dot_4x4, four_rows, geometry
-from kernels.cpu.pool import gradient_reaching
+from kernels.cpu.pool import corner_switch, first_max_of_four, gradient_reaching
 
 PATCH_MIN_TAPS = 128     # C·K·K from which the backward takes the winners' patches (measured: see above)
 WINDOW_MIN_TAPS = 256    # C·K·K from which a pooled conv's forward may go a window at a time (see above)
@@ -200,19 +200,6 @@ def patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_s
 
 
 @njit(cache=True)
-def _pool_window(sums, k, bias, relu):
-    """Max-pool column k of a window's sums (rows: its corners (0, 0), (0, 1), (1, 0), (1, 1)): the pooled value
-    (bias added, then ReLU if ``relu``) and the corner of the first maximum (the tie rule of np.argmax)."""
-    best, corner = sums[0, k], 0
-    for other in range(1, 4):
-        value = sums[other, k]
-        corner = other if value > best else corner      # selects, not branches: random data mispredicts
-        best = value if value > best else best
-    best += bias
-    return (max(best, 0) if relu else best), corner
-
-
-@njit(cache=True)
 def window_forward(x, W, b, pad, relu, out, switch, lo, hi):
     """Conv (stride 1) + bias (+ ReLU) + 2 × 2 max-pool every 2 pixels for samples lo … hi−1, a pooling window
     at a time: its four corners' patches · four filters' rows in one ``dot_4x4`` pass, pooled from the sums.
@@ -235,7 +222,7 @@ def window_forward(x, W, b, pad, relu, out, switch, lo, hi):
                     w0, w1, w2, w3 = four_rows(Wt, f0, zero)
                     sums[:] = 0
                     dot_4x4(X[top], X[top + 1], X[top + Wo], X[top + Wo + 1], w0, w1, w2, w3, sums)
-                    for k in range(min(4, F - f0)):
-                        value, corner = _pool_window(sums, k, b[f0 + k], relu)
-                        out[n, f0 + k, i, j] = value
-                        switch[n, f0 + k, i, j] = (2 * i + corner // 2) * Wo + 2 * j + corner % 2
+                    for k in range(min(4, F - f0)):          # row c of sums: corner c, column k: filter f0 + k
+                        out[n, f0 + k, i, j], corner = first_max_of_four(sums[0, k], sums[1, k], sums[2, k],
+                                                                         sums[3, k], b[f0 + k], relu)
+                        switch[n, f0 + k, i, j] = corner_switch(i, j, corner, Wo)

@@ -11,25 +11,36 @@ from numba import njit
 
 
 @njit(cache=True)
+def first_max_of_four(v0, v1, v2, v3, bias, relu):
+    """A 2×2 window's pooled value (its maximum + bias, then ReLU if ``relu``) and the corner of its first
+    maximum, the values in window order (0,0), (0,1), (1,0), (1,1): three selects, no branch to mispredict."""
+    best, corner = v0, 0
+    corner = 1 if v1 > best else corner
+    best = v1 if v1 > best else best
+    corner = 2 if v2 > best else corner
+    best = v2 if v2 > best else best
+    corner = 3 if v3 > best else corner
+    best = (v3 if v3 > best else best) + bias
+    return (max(best, 0) if relu else best), corner
+
+
+@njit(cache=True)
+def corner_switch(i, j, corner, plane_width):
+    """The switch of window (i, j) of 2×2 windows every 2 pixels: where its ``corner`` lies in the conv plane."""
+    return (2 * i + corner // 2) * plane_width + 2 * j + corner % 2
+
+
+@njit(cache=True)
 def _pool_plane_2x2(z, row_step, col_step, plane_width, bias, relu, out, switch):
-    """``pool_plane`` for the common 2×2 windows every 2 pixels: the four values read at once, the first
-    maximum kept by three selects (window order (0,0), (0,1), (1,0), (1,1)), no branch to mispredict."""
+    """``pool_plane`` for the common 2×2 windows every 2 pixels: the four values read at once, pooled by
+    ``first_max_of_four``."""
     Hq, Wq = out.shape
     for i in range(Hq):
         for j in range(Wq):
             at = 2 * i * row_step + 2 * j * col_step
-            best, corner = z[at], 0
-            value = z[at + col_step]
-            corner = 1 if value > best else corner
-            best = value if value > best else best
-            value = z[at + row_step]
-            corner = 2 if value > best else corner
-            best = value if value > best else best
-            value = z[at + row_step + col_step]
-            corner = 3 if value > best else corner
-            best = (value if value > best else best) + bias
-            out[i, j] = max(best, 0) if relu else best
-            switch[i, j] = (2 * i + corner // 2) * plane_width + 2 * j + corner % 2
+            out[i, j], corner = first_max_of_four(z[at], z[at + col_step], z[at + row_step],
+                                                  z[at + row_step + col_step], bias, relu)
+            switch[i, j] = corner_switch(i, j, corner, plane_width)
 
 
 @njit(cache=True)
