@@ -17,8 +17,8 @@ numbers of a pixel side by side), so that a patch is K runs of K·C contiguous n
 order (W is put in the same order once a call: ``in_patch_order``). Then
 
     dW   for each filter, the rows of X its windows chose, four a pass (``add_rows_at``);
-    dx   for each pooling window, its filters grouped by the position they chose (``window_groups``);
-         for each group v = Σ g_f · W[f] (four rows a pass), added back at that patch (``add_patch``).
+    dx   for each position, the filters whose windows chose it (``by_position``);
+         for each position v = Σ g_f · W[f] (four rows a pass), added back at that patch (``add_patch``).
 
 A quarter of the multiply-adds (with 2 × 2 windows; a ReLU that passed nothing removes more, a
 convolution without pooling is the same code with every position a window of one), in rows of
@@ -57,7 +57,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, dot_4x4, four_rows, geometry
+from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, dot_4x4, four_indices, geometry
 from kernels.cpu.pool import corner_switch, first_max_of_four, gradient_reaching
 
 PATCH_MIN_TAPS = 128     # C·K·K from which the backward takes the winners' patches (measured: see above)
@@ -119,45 +119,55 @@ def add_from_patch_order(dWt, dW):
 
 
 @njit(cache=True)
-def winners(dout_f, out_f, switch_f, relu, pooled, Wo, rows, gs):
-    """The nonzero terms of one filter's plane: rows[e] = the output position h·Wo + w its e-th window chose
-    (every position when not pooled), gs[e] = the gradient it gets. Returns their count and the sum of all
-    the gradient (the filter's db)."""
-    count, total = 0, dout_f.dtype.type(0)
-    Hq, Wq = dout_f.shape
-    for i in range(Hq):
-        for j in range(Wq):
-            g = gradient_reaching(dout_f, out_f, relu, i, j)
+def winners(dout_n, out_n, switch_n, f, relu, pooled, Wo, rows, gs, first):
+    """The nonzero terms of filter f's plane in one sample: rows[first + e] = the output position h·Wo + w its
+    e-th window chose (every position when not pooled), gs[first + e] = the gradient it gets. Returns their
+    count and the sum of all the gradient (the filter's db)."""
+    count, total = 0, dout_n.dtype.type(0)
+    for i in range(dout_n.shape[1]):
+        for j in range(dout_n.shape[2]):
+            g = gradient_reaching(dout_n, out_n, relu, (f, i, j))
             total += g
             if g != 0:
-                rows[count] = switch_f[i, j] if pooled else i * Wo + j
-                gs[count] = g
+                rows[first + count] = switch_n[f, i, j] if pooled else i * Wo + j
+                gs[first + count] = g
                 count += 1
     return count, total
 
 
 @njit(cache=True)
-def window_groups(dout_n, out_n, switch_n, relu, pooled, i, j, size, stride, Wo, rows, gs, counts):
-    """The filters of pooling window (i, j) grouped by the position they chose: group a·size + b (the window's
-    row a, column b) gets rows[group, :counts[group]] = those filters, gs[...] = their gradients."""
-    counts[:] = 0
-    for f in range(dout_n.shape[0]):
-        g = gradient_reaching(dout_n[f], out_n[f], relu, i, j)
-        if g != 0:
-            position = switch_n[f, i, j] if pooled else i * Wo + j
-            group = (position // Wo - i * stride) * size + position % Wo - j * stride
-            rows[group, counts[group]], gs[group, counts[group]] = f, g
-            counts[group] += 1
+def by_position(rows, gs, counts, windows, starts, filters, grads):
+    """The terms of every filter f (rows[f·windows + e], gs[f·windows + e], e < counts[f]) regrouped by the
+    position they chose: position k = h·Wo + w gets filters[starts[k]:starts[k + 1]] and their gradients
+    grads[...]. Counted, summed and filled (a counting sort): no division, no search. ``starts`` has a number
+    a position, plus one."""
+    starts[:] = 0
+    for f in range(counts.size):
+        for e in range(f * windows, f * windows + counts[f]):
+            starts[rows[e] + 1] += 1
+    for k in range(1, starts.size):
+        starts[k] += starts[k - 1]
+    for f in range(counts.size):
+        for e in range(f * windows, f * windows + counts[f]):
+            at = starts[rows[e]]
+            filters[at], grads[at] = f, gs[e]
+            starts[rows[e]] = at + 1
+    for k in range(starts.size - 1, 0, -1):       # the fill moved each start to the next one's: move them back
+        starts[k] = starts[k - 1]
+    starts[0] = 0
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
 def add_patch(x_cl, at, row_step, K, v):
-    """The patch of x_cl whose first number is at ``at`` += v (K runs of K·C numbers, ``row_step`` apart)."""
-    run = v.size // K
-    for p in range(K):
-        target, part = x_cl[at + p * row_step:], v[p * run:]
+    """The patch of x_cl whose first number is at ``at`` += v (K runs of K·C numbers, ``row_step`` apart).
+
+    Indexed with unsigned integers: Numba then adds no wraparound for negative indices (which would keep the
+    loop from SIMD) and, unlike views of each run, no atomic reference count per run (see ``add_rows_at``)."""
+    run = np.uint64(v.size // K)
+    for p in range(np.uint64(K)):
+        target, part = np.uint64(at) + p * np.uint64(row_step), p * run
         for k in range(run):
-            target[k] += part[k]
+            x_cl[target + k] += v[part + k]
 
 
 @njit(cache=True)
@@ -167,34 +177,31 @@ def patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_s
     F, C, K = W.shape[0], W.shape[1], W.shape[2]
     Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
     pooled = pool_size > 0
-    size, step = (pool_size, pool_stride) if pooled else (1, 1)
     windows = dout.shape[2] * dout.shape[3]
     Wt, dWt = in_patch_order(W), np.zeros((F, K * K * C), W.dtype)
     x_cl, dx_cl = np.zeros(Hp * Wp * C, W.dtype), np.zeros(Hp * Wp * C, W.dtype)
     X, v = np.empty((Ho * Wo, K * K * C), W.dtype), np.empty(K * K * C, W.dtype)
-    rows, gs = np.empty(windows, np.int64), np.empty(windows, W.dtype)
-    group_rows, group_gs = np.empty((size * size, F), np.int64), np.empty((size * size, F), W.dtype)
-    counts = np.zeros(size * size, np.int64)
+    rows, gs, counts = np.empty(F * windows, np.int64), np.empty(F * windows, W.dtype), np.empty(F, np.int64)
+    starts, filters, grads = np.empty(Ho * Wo + 1, np.int64), np.empty(F * windows, np.int64), np.empty(F * windows, W.dtype)
     for n in range(lo, hi):
+        dout_n, out_n, switch_n = dout[n], out[n], switch[n]
         channels_last(x[n], pad, Wp, x_cl, True)
         unfold(x_cl, C, Wp, K, stride, Ho, Wo, X)
         for f in range(F):
-            count, total = winners(dout[n, f], out[n, f], switch[n, f], relu, pooled, Wo, rows, gs)
-            add_rows_at(dWt[f], gs, X, rows, count)
+            counts[f], total = winners(dout_n, out_n, switch_n, f, relu, pooled, Wo, rows, gs, f * windows)
+            add_rows_at(dWt[f], gs, X, rows, f * windows, f * windows + counts[f])
             db[f] += total
         if not need_dx:
             continue
+        by_position(rows, gs, counts, windows, starts, filters, grads)
         dx_cl[:] = 0
-        for i in range(dout.shape[2]):
-            for j in range(dout.shape[3]):
-                window_groups(dout[n], out[n], switch[n], relu, pooled, i, j, size, step, Wo, group_rows, group_gs,
-                              counts)
-                for group in range(size * size):
-                    if counts[group] > 0:
-                        h, w = i * step + group // size, j * step + group % size
-                        v[:] = 0
-                        add_rows_at(v, group_gs[group], Wt, group_rows[group], counts[group])
-                        add_patch(dx_cl, (h * stride * Wp + w * stride) * C, Wp * C, K, v)
+        for h in range(Ho):
+            for w in range(Wo):
+                first, end = starts[h * Wo + w], starts[h * Wo + w + 1]
+                if end > first:
+                    v[:] = 0
+                    add_rows_at(v, grads, Wt, filters, first, end)
+                    add_patch(dx_cl, (h * stride * Wp + w * stride) * C, Wp * C, K, v)
         channels_last(dx[n], pad, Wp, dx_cl, False)
     add_from_patch_order(dWt, dW)
 
@@ -211,17 +218,17 @@ def window_forward(x, W, b, pad, relu, out, switch, lo, hi):
     Hp, Wp, Ho, Wo = geometry(x, W, 1, pad)
     Wt = in_patch_order(W)
     x_cl, X = np.zeros(Hp * Wp * C, W.dtype), np.empty((Ho * Wo, K * K * C), W.dtype)
-    sums, zero = np.zeros((4, 4), W.dtype), np.zeros(K * K * C, W.dtype)
+    sums, starts = np.zeros((4, 4), W.dtype), (0, 0, 0, 0)
     for n in range(lo, hi):
         channels_last(x[n], pad, Wp, x_cl, True)
         unfold(x_cl, C, Wp, K, 1, Ho, Wo, X)
         for i in range(out.shape[2]):
             for j in range(out.shape[3]):
                 top = 2 * i * Wo + 2 * j                        # the window's corner (0, 0)
+                corners = (top, top + 1, top + Wo, top + Wo + 1)
                 for f0 in range(0, F, 4):
-                    w0, w1, w2, w3 = four_rows(Wt, f0, zero)
                     sums[:] = 0
-                    dot_4x4(X[top], X[top + 1], X[top + Wo], X[top + Wo + 1], w0, w1, w2, w3, sums)
+                    dot_4x4(X, corners, starts, Wt, four_indices(f0, F), starts, X.shape[1], sums)
                     for k in range(min(4, F - f0)):          # row c of sums: corner c, column k: filter f0 + k
                         out[n, f0 + k, i, j], corner = first_max_of_four(sums[0, k], sums[1, k], sums[2, k],
                                                                          sums[3, k], b[f0 + k], relu)

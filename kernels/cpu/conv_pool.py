@@ -51,10 +51,10 @@ def weight_tiles(W):
 
 
 @njit(cache=True)
-def _window(block, table, t, count, run):
-    """The input window of tap t: block[c] shifted by (p·Wp + q)·count."""
-    shift = table[t, 1] * count
-    return block[table[t, 0], shift:shift + run]
+def _four_taps(table, t, count):
+    """Where the input windows of taps t … t+3 start in the block: (their channels, their shifts (p·Wp + q)·count)."""
+    return ((table[t, 0], table[t + 1, 0], table[t + 2, 0], table[t + 3, 0]),
+            (table[t, 1] * count, table[t + 1, 1] * count, table[t + 2, 1] * count, table[t + 3, 1] * count))
 
 
 @njit(cache=True)
@@ -69,11 +69,10 @@ def _correlate_filters(block, tiles, table, run, count, z):
     and ``fma_4x4`` takes four filters × four taps (c, p, q) in one pass. The outputs at
     columns x ≥ Wp − K + 1 straddle a row edge: computed too, never read.
     """
+    z0, z1, z2, z3 = z[0, :run], z[1, :run], z[2, :run], z[3, :run]
     for h in range(tiles.shape[0]):
-        t = 4 * h
-        fma_4x4(z[0, :run], z[1, :run], z[2, :run], z[3, :run],
-                _window(block, table, t, count, run), _window(block, table, t + 1, count, run),
-                _window(block, table, t + 2, count, run), _window(block, table, t + 3, count, run), tiles[h])
+        channels, shifts = _four_taps(table, 4 * h, count)
+        fma_4x4(z0, z1, z2, z3, block, channels, shifts, tiles[h])
 
 
 @njit(cache=True)
@@ -85,13 +84,12 @@ def _filter_gradients(dz, margin, x_c, c, table, run, count, sums, dW):
     F, K = dW.shape[0], dW.shape[2]
     taps = K * K
     single = x_c.reshape((1, x_c.size))
+    at_margin = (margin, margin, margin, margin)
     for f0 in range(0, F, 4):
         for t0 in range(0, taps, 4):
             sums[:] = 0
-            dot_4x4(dz[f0, margin:margin + run], dz[f0 + 1, margin:margin + run],
-                    dz[f0 + 2, margin:margin + run], dz[f0 + 3, margin:margin + run],
-                    _window(single, table, t0, count, run), _window(single, table, t0 + 1, count, run),
-                    _window(single, table, t0 + 2, count, run), _window(single, table, t0 + 3, count, run), sums)
+            _, shifts = _four_taps(table, t0, count)
+            dot_4x4(dz, (f0, f0 + 1, f0 + 2, f0 + 3), at_margin, single, (0, 0, 0, 0), shifts, run, sums)
             for i in range(min(4, F - f0)):
                 for j in range(min(4, taps - t0)):
                     dW[f0 + i, c, (t0 + j) // K, (t0 + j) % K] += sums[i, j]
@@ -112,11 +110,11 @@ def input_tiles(W):
 
 
 @njit(cache=True)
-def _dz_window(dz, margin, K, u, terms, count, length):
-    """The dz window of term u = f·K + q: plane f read q·count earlier (a term past the last: term 0, weight 0)."""
+def _dz_term(margin, K, u, terms, count):
+    """Where the dz window of term u = f·K + q lies: plane f, read q·count earlier (a term past the last:
+    term 0, weight 0)."""
     u = u if u < terms else 0
-    start = margin - (u % K) * count
-    return dz[u // K, start:start + length]
+    return u // K, margin - (u % K) * count
 
 
 @njit(cache=True)
@@ -132,12 +130,13 @@ def _input_gradients(dz, margin, F, tiles, K, run, Wp, count, dx4):
     length, terms = run + (K - 1) * count, F * K
     for p in range(K):
         at = p * Wp * count
+        y0, y1, y2, y3 = dx4[0, at:at + length], dx4[1, at:at + length], dx4[2, at:at + length], dx4[3, at:at + length]
         for h in range(tiles.shape[1]):
-            fma_4x4(dx4[0, at:at + length], dx4[1, at:at + length], dx4[2, at:at + length], dx4[3, at:at + length],
-                    _dz_window(dz, margin, K, 4 * h, terms, count, length),
-                    _dz_window(dz, margin, K, 4 * h + 1, terms, count, length),
-                    _dz_window(dz, margin, K, 4 * h + 2, terms, count, length),
-                    _dz_window(dz, margin, K, 4 * h + 3, terms, count, length), tiles[p, h])
+            f0, s0 = _dz_term(margin, K, 4 * h, terms, count)
+            f1, s1 = _dz_term(margin, K, 4 * h + 1, terms, count)
+            f2, s2 = _dz_term(margin, K, 4 * h + 2, terms, count)
+            f3, s3 = _dz_term(margin, K, 4 * h + 3, terms, count)
+            fma_4x4(y0, y1, y2, y3, dz, (f0, f1, f2, f3), (s0, s1, s2, s3), tiles[p, h])
 
 
 @njit(cache=True)

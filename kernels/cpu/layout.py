@@ -83,24 +83,23 @@ def axpy(y, a, x):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def axpy4(y, a0, x0, a1, x1, a2, x2, a3, x3):
-    """y += a0·x0 + a1·x1 + a2·x2 + a3·x3: four axpy in ONE pass. The partial sum of an element stays in
-    a register, so each term costs one load where a separate axpy costs a load, a load and a store —
-    the loops here are limited by memory operations, not by multiply-adds."""
-    for k in range(y.size):
-        y[k] += a0 * x0[k] + a1 * x1[k] + a2 * x2[k] + a3 * x3[k]
-
-
-@njit(cache=True, fastmath=SAFE_FASTMATH)
-def fma_4x4(y0, y1, y2, y3, x0, x1, x2, x3, a):
+def fma_4x4(y0, y1, y2, y3, X, rows, starts, a):
     """y_i += Σ_t a[i, t]·x_t for four outputs i and four inputs t, in ONE pass: 16 multiply-adds an
     element for 4 loads of x and 4 loads and 4 stores of y (a single axpy: 1 multiply-add for 3).
-    The sixteen weights are read once, before the loop, and stay in registers."""
+    The sixteen weights are read once, before the loop, and stay in registers.
+
+    The inputs are read in place, x_t[k] = X[rows[t], starts[t] + k], not passed as views: Numba counts
+    the references to an array's memory, and each view made and dropped is an atomic increment and
+    decrement — tens of cycles, a quarter of a LeNet-5 step when every pass took eight (see
+    ``add_rows_at``)."""
     a00, a01, a02, a03 = a[0, 0], a[0, 1], a[0, 2], a[0, 3]
     a10, a11, a12, a13 = a[1, 0], a[1, 1], a[1, 2], a[1, 3]
     a20, a21, a22, a23 = a[2, 0], a[2, 1], a[2, 2], a[2, 3]
     a30, a31, a32, a33 = a[3, 0], a[3, 1], a[3, 2], a[3, 3]
-    for k in range(y0.size):
+    n = y0.size
+    x0, x1, x2, x3 = (X[rows[0], starts[0]:starts[0] + n], X[rows[1], starts[1]:starts[1] + n],
+                      X[rows[2], starts[2]:starts[2] + n], X[rows[3], starts[3]:starts[3] + n])
+    for k in range(n):
         v0, v1, v2, v3 = x0[k], x1[k], x2[k], x3[k]
         y0[k] += a00 * v0 + a01 * v1 + a02 * v2 + a03 * v3
         y1[k] += a10 * v0 + a11 * v1 + a12 * v2 + a13 * v3
@@ -109,12 +108,17 @@ def fma_4x4(y0, y1, y2, y3, x0, x1, x2, x3, a):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def dot_4x4(y0, y1, y2, y3, x0, x1, x2, x3, sums):
-    """sums[i, t] += y_i · x_t for four y and four x, in ONE pass: 16 multiply-adds an element for 8 loads
-    (sixteen running sums, held in registers)."""
-    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = y0.dtype.type(0)
-    s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = y0.dtype.type(0)
-    for k in range(y0.size):
+def dot_4x4(Y, y_rows, y_starts, X, x_rows, x_starts, length, sums):
+    """sums[i, t] += y_i · x_t for four y and four x of ``length`` numbers, in ONE pass: 16 multiply-adds an
+    element for 8 loads (sixteen running sums, held in registers). Read in place, as in ``fma_4x4``:
+    y_i[k] = Y[y_rows[i], y_starts[i] + k], x_t[k] = X[x_rows[t], x_starts[t] + k]."""
+    y0, y1, y2, y3 = (Y[y_rows[0], y_starts[0]:y_starts[0] + length], Y[y_rows[1], y_starts[1]:y_starts[1] + length],
+                      Y[y_rows[2], y_starts[2]:y_starts[2] + length], Y[y_rows[3], y_starts[3]:y_starts[3] + length])
+    x0, x1, x2, x3 = (X[x_rows[0], x_starts[0]:x_starts[0] + length], X[x_rows[1], x_starts[1]:x_starts[1] + length],
+                      X[x_rows[2], x_starts[2]:x_starts[2] + length], X[x_rows[3], x_starts[3]:x_starts[3] + length])
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = Y.dtype.type(0)
+    s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = Y.dtype.type(0)
+    for k in range(length):
         u0, u1, u2, u3 = y0[k], y1[k], y2[k], y3[k]
         v0, v1, v2, v3 = x0[k], x1[k], x2[k], x3[k]
         s00 += u0 * v0
@@ -152,23 +156,42 @@ def dot_4x4(y0, y1, y2, y3, x0, x1, x2, x3, sums):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def add_rows_at(y, a, X, rows, count):
-    """y += Σ_{e < count} a[e]·X[rows[e]] (X a matrix, a row a term): four rows a pass (``axpy4``), the rest one by one."""
-    e = 0
-    while e + 4 <= count:
-        axpy4(y, a[e], X[rows[e]], a[e + 1], X[rows[e + 1]], a[e + 2], X[rows[e + 2]], a[e + 3], X[rows[e + 3]])
+def add_rows_at(y, a, X, rows, first, end):
+    """y += Σ_{first ≤ e < end} a[e]·X[rows[e]] (X a matrix, a row a term): four rows a pass, the rest one by one.
+
+    Four rows in one pass keep each partial sum y[k] in a register: a term costs one load, where a
+    separate axpy costs a load, a load and a store. The rows are indexed in X itself, X[r, k], not
+    taken as views X[r]: Numba counts the references to an array's memory, and every view made and
+    dropped is an atomic increment and decrement (a few tens of cycles), as much as a short row's sums.
+    """
+    e = first
+    while e + 4 <= end:
+        r0, r1, r2, r3 = rows[e], rows[e + 1], rows[e + 2], rows[e + 3]
+        a0, a1, a2, a3 = a[e], a[e + 1], a[e + 2], a[e + 3]
+        for k in range(y.size):
+            y[k] += a0 * X[r0, k] + a1 * X[r1, k] + a2 * X[r2, k] + a3 * X[r3, k]
         e += 4
-    for e in range(e, count):
-        axpy(y, a[e], X[rows[e]])
+    for e in range(e, end):
+        r, a0 = rows[e], a[e]
+        for k in range(y.size):
+            y[k] += a0 * X[r, k]
 
 
 @njit(cache=True)
 def four_rows(M, first, past_the_end):
-    """Rows first … first+3 of M; each one past M's last row is ``past_the_end`` (a zero row to read, or a
-    spare row to write into that nothing reads)."""
+    """Rows first … first+3 of M; each one past M's last row is ``past_the_end`` (a spare row to write into
+    that nothing reads)."""
     rows = M.shape[0]
     return (M[first], M[first + 1] if first + 1 < rows else past_the_end,
             M[first + 2] if first + 2 < rows else past_the_end, M[first + 3] if first + 3 < rows else past_the_end)
+
+
+@njit(cache=True)
+def four_indices(first, count):
+    """(first, first+1, first+2, first+3), each one past count − 1 replaced by count − 1: rows to read in place
+    (a repeated row's terms get weight 0, or its sums are not read)."""
+    last = count - 1
+    return first, min(first + 1, last), min(first + 2, last), min(first + 3, last)
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
@@ -177,16 +200,15 @@ def add_product(Y, A, X):
     (``fma_4x4``, the 4 × 4 block of A its weights) — 16 multiply-adds for 12 loads and stores, where a
     row at a time (``add_rows_at``) does 4 for 6."""
     m, k = A.shape
-    tile = np.zeros((4, 4), Y.dtype)
-    zero, spare = np.zeros(Y.shape[1], Y.dtype), np.empty(Y.shape[1], Y.dtype)
+    tile, spare = np.zeros((4, 4), Y.dtype), np.empty(Y.shape[1], Y.dtype)
+    starts = (0, 0, 0, 0)
     for i0 in range(0, m, 4):
         y0, y1, y2, y3 = four_rows(Y, i0, spare)
         for t0 in range(0, k, 4):
-            x0, x1, x2, x3 = four_rows(X, t0, zero)
             for i in range(4):
                 for t in range(4):
                     tile[i, t] = A[i0 + i, t0 + t] if i0 + i < m and t0 + t < k else 0
-            fma_4x4(y0, y1, y2, y3, x0, x1, x2, x3, tile)
+            fma_4x4(y0, y1, y2, y3, X, four_indices(t0, k), starts, tile)
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
@@ -194,13 +216,11 @@ def add_dot_products(Y, A, B):
     """Y[i, j] += A[i]·B[j] (A: m × L, B: k × L, rows contiguous) for four rows of A by four of B a pass
     (``dot_4x4``: 16 running sums for 8 loads, where ``dot`` keeps 1 for 2)."""
     m, k = A.shape[0], B.shape[0]
-    sums, zero = np.zeros((4, 4), Y.dtype), np.zeros(A.shape[1], Y.dtype)
+    sums, starts = np.zeros((4, 4), Y.dtype), (0, 0, 0, 0)
     for i0 in range(0, m, 4):
-        a0, a1, a2, a3 = four_rows(A, i0, zero)
         for j0 in range(0, k, 4):
-            b0, b1, b2, b3 = four_rows(B, j0, zero)
             sums[:] = 0
-            dot_4x4(a0, a1, a2, a3, b0, b1, b2, b3, sums)
+            dot_4x4(A, four_indices(i0, m), starts, B, four_indices(j0, k), starts, A.shape[1], sums)
             for i in range(min(4, m - i0)):
                 for j in range(min(4, k - j0)):
                     Y[i0 + i, j0 + j] += sums[i, j]

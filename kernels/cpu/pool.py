@@ -72,11 +72,12 @@ def pool_plane(z, row_step, col_step, plane_width, bias, relu, size, stride, out
 
 
 @njit(cache=True)
-def gradient_reaching(dout, out, relu, i, j):
-    """The gradient that pooled output (i, j) passes back: dout[i, j], or 0 where its ReLU passed nothing."""
-    g = dout[i, j]
+def gradient_reaching(dout, out, relu, at):
+    """The gradient that pooled output ``at`` (an index: (i, j) in a plane, (f, i, j) in a sample) passes back:
+    dout[at], or 0 where its ReLU passed nothing."""
+    g = dout[at]
     if relu:
-        g = g if out[i, j] > 0 else 0        # a select, not a branch: random data would mispredict
+        g = g if out[at] > 0 else 0        # a select, not a branch: random data would mispredict
     return g
 
 
@@ -93,7 +94,7 @@ def unpool_plane(dout, out, switch, relu, pooled, plane_width, row_step, col_ste
     Hq, Wq = dout.shape
     for i in range(Hq):
         for j in range(Wq):
-            grad = gradient_reaching(dout, out, relu, i, j)
+            grad = gradient_reaching(dout, out, relu, (i, j))
             h, w = i, j
             if pooled:
                 h, w = switch[i, j] // plane_width, switch[i, j] % plane_width
