@@ -21,7 +21,10 @@ whole measurement: what a laptop with other work running looks like, and what ma
 that wait at a barrier for a descheduled one collapse. Without it the machine is as it is: the
 1-minute load average in the file says whether other work ran. PyTorch runs with its own defaults (its
 OpenMP threads spin while they wait); stage 3 asks for Numba's OpenMP layer with the passive wait
-policy (``kernels/cpu/thread_pool.py``); ``--threading-layer`` picks Numba's layer by hand.
+policy (``kernels/cpu/thread_pool.py``), but in one process the two share one OpenMP, PyTorch's (imported
+first): the Numba rows run with its default policy too, and FreeCores counts Numba's own spinning threads
+as other work (the ``numba-cpu`` row then mostly takes one thread; ``numba-cpu-fixed`` is the same-threads
+comparison). ``--threading-layer`` picks Numba's layer by hand.
 
 Reported per row: median, 10th and 90th percentile, minimum; the ratios numba-cpu / torch-cpu
 at each thread count (below 1: Numba is faster), and each implementation's all-threads /
@@ -333,6 +336,9 @@ def main(argv=None) -> int:
                       if args.loaded else None,
         "threads": {**thread_pool_facts(), "counts": args.threads,
                     "torch": "PyTorch's defaults (its OpenMP threads spin while waiting)",
+                    **({"numba_openmp": "PyTorch's, imported first: Numba's threads ran with its default policy "
+                                        "(spin, then sleep), not OMP_WAIT_POLICY above (kernels/cpu/thread_pool.py)"}
+                       if "torch-cpu" in args.rows else {}),
                     "numba_cpu_used": threads_used,
                     "numba_cpu_used_note": "parallel regions the block-schedule rows ran with each thread count, all "
                                            "rows' turns together: numba-cpu uses only the cores other work leaves "
@@ -362,7 +368,9 @@ def main(argv=None) -> int:
     for name, value in record["ratios"].items():
         print(f"  {name:40s} {value:.2f}")
     print(f"load average (1 min) before/after: {load_before[0]:.1f}/{load_after[0]:.1f} on {os.cpu_count()} cores; "
-          f"Numba: {record['threads']['numba_threading_layer']}, OMP_WAIT_POLICY={record['threads']['OMP_WAIT_POLICY']}")
+          f"Numba: {record['threads']['numba_threading_layer']}, "
+          + ("on PyTorch's OpenMP (imported first: its default wait policy)" if "numba_openmp" in record["threads"]
+             else f"OMP_WAIT_POLICY={record['threads']['OMP_WAIT_POLICY']}"))
     print(f"wrote {path}")
     return 0
 

@@ -448,3 +448,16 @@ def test_a_results_file_written_from_a_notebook_names_it(monkeypatch):
     assert command_line() == "from the notebook 00_quick_start.ipynb"
     monkeypatch.setattr(sys, "argv", ["/venv/lib/python3.11/site-packages/cnn/__main__.py", "bench", "--stage", "numpy"])
     assert command_line() == "python -m cnn bench --stage numpy"
+
+
+def test_pytorch_reference_is_timed_in_a_process_of_its_own(tmp_path):
+    """The torch-cpu row comes from a child Python that imported PyTorch first (its own OpenMP and defaults),
+    with the same phases as in this process."""
+    pytest.importorskip("torch")
+    args = bench_args(tmp_path, "--reference", "auto")
+    result = {"references": [], "skipped": [], "failed": []}
+    step_timing._measure_references(result, args, tiny_net(), random_batches(tiny_net()), (0.01, 0.9, 0.0),
+                                    progress=lambda line: None)
+    assert not result["failed"], result["failed"]
+    row = next(row for row in result["references"] if row["name"] == "torch-cpu")
+    assert row["process"].startswith("its own") and set(row["phases_ms"]) == set(PHASES)

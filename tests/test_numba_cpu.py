@@ -6,6 +6,7 @@ Cold (no Numba cache) the file spends most of its time compiling the kernels for
 and float32.
 """
 
+import os
 import sys
 
 import numba
@@ -350,3 +351,19 @@ def test_window_forward_equals_numpy(size, pad, relu):
     window_forward(x, W, b, pad, relu, out, got, 0, x.shape[0])
     passed = y > 0 if relu else np.ones(y.shape, bool)      # a window all ReLU-zero passes nothing back: any switch
     assert rel_error(out, y) < 1e-12 and np.array_equal(got[passed], switch[passed])
+
+
+def test_other_openmp_defaults_takes_our_wait_policy_away_meanwhile(monkeypatch):
+    """While a library with its own OpenMP (PyTorch) is imported, stage 3's passive wait policy is out of the
+    environment, and back afterwards; a policy the user set stays throughout."""
+    from kernels.cpu import thread_pool
+
+    monkeypatch.setattr(thread_pool, "policy_set_here", True)
+    monkeypatch.setenv("OMP_WAIT_POLICY", thread_pool.WAIT_POLICY)
+    with thread_pool.other_openmp_defaults():
+        assert "OMP_WAIT_POLICY" not in os.environ
+    assert os.environ["OMP_WAIT_POLICY"] == thread_pool.WAIT_POLICY
+    monkeypatch.setattr(thread_pool, "policy_set_here", False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    with thread_pool.other_openmp_defaults():
+        assert os.environ["OMP_WAIT_POLICY"] == "active"

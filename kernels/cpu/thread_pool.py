@@ -33,11 +33,23 @@ What is set here is only a preference: a value the user gave (``OMP_WAIT_POLICY`
 ``NUMBA_THREADING_LAYER``) is kept, and where Numba has no OpenMP layer it falls back to the
 next in the list. OpenMP reads the wait policy when it starts — at Numba's first parallel
 launch — so this runs when ``kernels.cpu`` is imported, before any of its kernels runs.
+
+PyTorch in the same process brings an OpenMP of its own, and the two meet: one library name
+(libgomp.so.1), loaded once, so both run on whichever OpenMP was loaded first, with the policy it
+started with. After Numba's, PyTorch's many short parallel regions wake sleeping threads again and
+again: its LeNet-5 step measured 5.5-6.2 ms that way against 3.2-3.6 ms with its own defaults (batch
+64, 2 threads, 3 processes each, quiet 2-core machine). Before Numba's, Numba's threads spin (PyTorch's
+default): a numba-cpu step on 2 threads measured 1.27-1.33 ms against 1.49-1.58 ms passive — the price
+of sleeping, two wake-ups a step — and ``FreeCores`` counts the spinning threads as other work and
+takes one thread. So ``python -m cnn bench`` times PyTorch in a process of its own, started without
+this policy (``other_openmp_defaults``); ``benchmarks/numba_vs_torch.py``, one process by design,
+imports PyTorch first and says that its Numba rows ran on PyTorch's spinning OpenMP.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import numba
 
@@ -45,11 +57,28 @@ WAIT_POLICY = "passive"
 LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 
+policy_set_here = False     # whether OMP_WAIT_POLICY is ours, not the user's
+
+
 def prefer_passive_openmp() -> None:
     """Ask for the OpenMP layer, its threads sleeping while they wait (unless the user chose otherwise)."""
+    global policy_set_here
+    policy_set_here = "OMP_WAIT_POLICY" not in os.environ
     os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
         numba.config.THREADING_LAYER_PRIORITY = LAYER_PRIORITY
+
+
+@contextmanager
+def other_openmp_defaults():
+    """Our wait policy out of the environment meanwhile (a user's stays): for importing a library with an OpenMP
+    of its own (PyTorch), which then starts with its own defaults. Use it before Numba's first parallel launch."""
+    saved = os.environ.pop("OMP_WAIT_POLICY", None) if policy_set_here else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["OMP_WAIT_POLICY"] = saved
 
 
 def thread_pool_facts() -> dict:
