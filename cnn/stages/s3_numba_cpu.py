@@ -146,7 +146,57 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    (FreeCores) took one thread on most 2-thread steps (LeNet-5 3.52-3.85 ms): PyTorch's OpenMP
    threads, spinning in the same process between its turns, count as busy elsewhere. Without the
    PyTorch rows (``--rows numba-cpu,numba-cpu-fixed``) it takes both cores: 2.29 ms against
-   -fixed's 2.20.
+   -fixed's 2.20. (Found in 4.: in one process Numba runs on PyTorch's OpenMP, whose threads spin,
+   and FreeCores counts Numba's own spinning threads as busy.)
+
+4. No reference count a pass (2026-11-28, later, the same quiet machine: load 0.4-1.1). ``perf``, with
+   gdb to name the JIT code, found a quarter of a LeNet-5 step in ``NRT_incref``/``NRT_decref``: Numba
+   counts the references to an array's memory, and every view (``X[r]``, ``block[c, a:b]``) handed to a
+   kernel that is not inlined is a locked increment and decrement — tens of cycles, as much as a short
+   row's sums. ``fma_4x4`` and ``dot_4x4`` now take (array, rows, starts) and make their views inside,
+   where Numba's reference-count pruning removes the pairs; ``add_rows_at`` indexes X's rows in place;
+   ``add_patch`` indexes with unsigned integers (no negative-index wraparound to keep it from SIMD); the
+   patch backward regroups its terms by position with one counting sort a sample (``by_position``),
+   where ``window_groups`` divided and made views for every window. One thread, fresh processes taking
+   turns, CPU time a step (min-median-max of the rounds)::
+
+       python benchmarks/numba_vs_torch.py --versions acb28c9,3028e10 --threads 1 --repeats 40 --rounds 4
+
+       LeNet-5 b64          acb28c9  3.38-3.40-3.42 ms    3028e10  2.47-2.49-2.50 ms   0.73-0.73-0.74 x
+       AlexNet-small b128   acb28c9  103.1-103.9-104.6    3028e10  83.8-84.7-84.9      0.81-0.81-0.82 x
+                            (--model alexnet-small --batch 128 --repeats 6 --rounds 3)
+
+   Against PyTorch, rows taking turns in one process (4 runs of ``--repeats 60``; 3 of ``--model
+   alexnet-small --repeats 12 --rows numba-cpu,numba-cpu-fixed,torch-cpu``; medians, the min-max of the
+   runs; benchmarks/results/numba_vs_torch-*-2026-11-28-in-place-run*.json)::
+
+       LeNet-5 b64          1 thread:  numba-cpu-fixed 2.48-2.59 ms, PyTorch 3.97-4.26    0.61-0.63
+                            2 threads: numba-cpu-fixed 1.35-1.40,    PyTorch 2.85-3.09    0.45-0.48
+       AlexNet-small b128   1 thread:  numba-cpu-fixed 82.6-86.6,    PyTorch 84.0-110     0.79-0.98
+                            2 threads: numba-cpu-fixed 41.9-42.7,    PyTorch 42.8-59.9    0.71-0.98
+
+   (the ratio is each run's own; PyTorch's AlexNet-small rows moved by 30 % between runs at the same
+   load.) In this one process the two share one OpenMP, PyTorch's (imported first, its threads
+   spinning): the Numba rows ran with that policy too, and the ``numba-cpu`` row's FreeCores, counting
+   Numba's own spinning threads as busy, took one thread on 2-thread steps (2.57-2.63 ms) — which is
+   why the same-threads comparison is ``numba-cpu-fixed``. On its own (2 processes each, 60 steps): this
+   stage 1.60-1.64 ms on 2 threads with its passive threads (FreeCores took 2), 1.49-1.58 fixed; on
+   PyTorch's spinning OpenMP 1.27-1.33 fixed — sleeping between regions costs ~0.2 ms a step here. And
+   ``python -m cnn bench`` had timed PyTorch the other way round, on Numba's passive OpenMP (5.94-5.98
+   ms): it now times PyTorch in a process of its own (``kernels/cpu/thread_pool.py``).
+
+   A busy machine (``--loaded``, 3 runs of ``--repeats 30``): numba-cpu on all threads / one thread
+   1.00 in all three; numba-cpu / PyTorch 0.60-0.61 on one thread, 0.36-0.37 on two. Ten MNIST epochs
+   (``python -m cnn train --stage numba-cpu --epochs 10``, load 0.5-0.8): 99.33 %, 1.43-1.48 s of
+   training an epoch after the first (1.64 s); benchmarks/results/train-lenet5-numba-cpu-10-epochs-vm-2026-11-28.json.
+
+   Issue 23's 0.5x: reached on LeNet-5 on 2 threads (0.45-0.48), not on one thread (0.61-0.63), and
+   AlexNet-small is now level with PyTorch or faster (0.71-0.98), not twice as fast. Where a step goes
+   now (LeNet-5, one thread, perf): the 4 x 4 passes (fma_4x4 ~20 %, dot_4x4 ~8 %), pooling and
+   unpooling (~13 %), add_rows_at and unfold (~10 %), the per-block zeroing (~5 %). The passes are
+   load- and store-bound at 8 floats a vector (LLVM keeps 256-bit vectors on this CPU; 512-bit measured
+   no faster); an FMA-bound kernel needs sums held in registers across the taps, which Numba cannot
+   write for the plane layout.
 
 The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
 version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
