@@ -47,10 +47,11 @@ into the program they run. What changes against stage 2:
   that lost its core for a time slice, longer than the whole step. Now the work item is a
   block of 8 samples that ONE thread takes through the whole network — forward, loss,
   backward — its activations staying in that core's cache (the idea stage 8 takes to the
-  GPU). Each block sums its dW and db into its own copy; the copies are added in block
-  order afterwards (``sum_block_gradients``), so the gradient is the same, bit for bit,
-  on any number of threads (no races, no atomics). ``train_step`` runs forward and
-  backward in the same region: a step is two regions (the step, the sum), not a dozen.
+  GPU). Each block sums its convolutions' dW and db into its own copy; the copies are added
+  in block order afterwards, and the dense layers' dW = dYᵀX and db are taken once for the
+  whole batch (``gather_gradient``), so the gradient is the same, bit for bit, on any number
+  of threads (no races, no atomics). ``train_step`` runs forward and backward in the same
+  region: a step is two regions (the step, the gradient), not a dozen.
 - Threads that let others run. Numba's OpenMP layer with ``OMP_WAIT_POLICY=passive``
   (``kernels/cpu/thread_pool.py``: a waiting thread sleeps instead of spinning on a core
   someone else needs), and a step uses only the cores that other work leaves free
@@ -348,6 +349,20 @@ def block_program(net: Network, plan: list[Step]) -> np.ndarray:
     return np.array(rows)
 
 
+def block_summed_parameters(program: np.ndarray, num_params: int) -> int:
+    """How many parameters, from the start of the flat vector, each block sums into its own copy: those before
+    the first dense layer's (the convolutions'); the dense layers' gradients are taken for the whole batch at
+    once (``network.gather_gradient``). Refuses a network with a convolution after a dense layer."""
+    columns = network
+    dense = [row for row in program if row[columns.KIND] == columns.DENSE]
+    split = int(min((row[columns.W_AT] for row in dense), default=num_params))
+    for row in program:
+        if row[columns.KIND] == columns.CONV and row[columns.B_AT] + row[columns.C_OUT] > split:
+            raise ValueError("stage 'numba-cpu': a convolution after a dense layer is not supported "
+                             "(its block schedule sums the convolutions' gradients, which come first, per block)")
+    return split
+
+
 class Buffers(NamedTuple):
     """Everything one batch size needs, allocated once: per step its output, switches and input gradient."""
 
@@ -362,7 +377,7 @@ class BlockBuffers(NamedTuple):
     acts: np.ndarray          # every program row's output, one segment each
     switches: np.ndarray      # the argmax of the pooled rows, same layout
     grads: np.ndarray         # dL/d(every output), same layout
-    grad_copies: np.ndarray   # (blocks, parameters): block k's share of the gradient
+    grad_copies: np.ndarray   # (blocks, convolution parameters): block k's share of their gradient
     block_losses: np.ndarray  # (blocks,): block k's summed loss
 
 
@@ -420,6 +435,7 @@ class NumbaCpuStage(HostStage):
         self.threads_used: dict[int, int] = {}      # thread count -> phases run with it (the benchmark reports it)
         self.kernel_calls = fusion_plan(net, fuse)
         self.program = block_program(net, self.kernel_calls)
+        self.block_summed = block_summed_parameters(self.program, net.num_params)
         self._buffer_sets: dict = {}
         self._backward_done = False      # input_grad exists between backward() and update()
         self._input_grad = None
@@ -483,7 +499,8 @@ class NumbaCpuStage(HostStage):
                                buffers.grads, buffers.grad_copies, buffers.block_losses,
                                images[:0] if input_grad is None else input_grad, forward, backward, threads)
             if backward:
-                network.sum_block_gradients(buffers.grad_copies, self.grad, threads)
+                network.gather_gradient(self.program, images, buffers.acts, buffers.grads, buffers.grad_copies,
+                                        self.grad, threads)
         finally:
             numba.set_num_threads(allowed)
         if purpose == "train":                     # a new forward pass, or the gradient (and input_grad) of this one
@@ -500,7 +517,7 @@ class NumbaCpuStage(HostStage):
             last = self.program[-1]
             per_sample = int(last[network.OUT_START] + last[network.C_OUT] * last[network.H_OUT] * last[network.W_OUT])
             blocks = -(-batch // network.BLOCK_SAMPLES)
-            gradient_size = self.net.num_params if purpose == "train" else 0     # predict never runs backward
+            gradient_size = self.block_summed if purpose == "train" else 0     # predict never runs backward
             self._buffer_sets[key] = BlockBuffers(
                 np.empty(batch * per_sample, self.dtype), np.empty(batch * per_sample, np.int64),
                 np.empty(batch * per_sample, self.dtype), np.empty((blocks, gradient_size), self.dtype),

@@ -5,14 +5,15 @@ step is a dozen parallel regions, each ending at a barrier where every thread wa
 slowest. On a busy machine one thread is often descheduled for a time slice (milliseconds) and,
 at every barrier, the others wait for it. Here the work item is a block of ``BLOCK_SAMPLES``
 samples, and one thread takes its block through every layer — forward, loss, backward — with the
-block's activations staying in that core's cache and its weight gradient summed into the block's
-own copy. One parallel region a phase: a descheduled thread delays only its own blocks, once.
+block's activations staying in that core's cache and its convolutions' weight gradient summed into the
+block's own copy. One parallel region a phase: a descheduled thread delays only its own blocks, once.
 (Stage 8 takes the same idea to the GPU: one thread block runs the whole network for its samples.)
 
 Thread → data: worker w of ``workers`` takes the contiguous range of blocks ``chunk_range(w)``;
 block k holds samples k·BLOCK_SAMPLES … (k+1)·BLOCK_SAMPLES − 1 (the last may be shorter) and owns
-row k of ``grad_copies``. The gradient is then Σ_k grad_copies[k], added in block order
-(``sum_block_gradients``): the same numbers, bit for bit, on any number of threads.
+row k of ``grad_copies`` (the convolutions' parameters, which come first in the flat vector). The
+gradient is then Σ_k grad_copies[k], added in block order, and the dense layers' dW and db, taken once
+for the whole batch (``gather_gradient``): the same numbers, bit for bit, on any number of threads.
 
 The network arrives as a *program*: one row of integers per kernel call (the ``FIELD`` columns
 below), built by ``cnn.stages.s3_numba_cpu.block_program``. Activations live in flat buffers, one
@@ -90,16 +91,11 @@ def _dense_forward(x, W, b, relu, y):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def _dense_backward(dy, x, W, dW, db, dx, need_dx):
-    """dW += dyᵀ·x,  db[o] += Σ_n dy[n, o],  dx = dy·W: products of the block's rows (``add_product``: four
-    rows of dW by four samples a pass; four samples of dx by four rows of W)."""
-    add_product(dW, dy.T, x)
-    for o in range(W.shape[0]):
-        for n in range(x.shape[0]):
-            db[o] += dy[n, o]
-    if need_dx:
-        dx[:] = 0
-        add_product(dx, dy, W)
+def _dense_input_gradient(dy, W, dx):
+    """dx = dy·W for the block's samples (``add_product``: four samples of dx by four rows of W a pass). The
+    layer's dW and db wait for the whole batch (``gather_gradient``)."""
+    dx[:] = 0
+    add_product(dx, dy, W)
 
 
 @njit(cache=True)
@@ -175,12 +171,11 @@ def _backward_row(row, params, images, acts, switches, grads, grad_copy, input_g
                                    conv_items(x, W, row[STRIDE], row[PAD], row[POOL_SIZE], row[POOL_STRIDE], True))
     elif kind == DENSE:
         W, _ = _weights(row, params)
-        dW, db = _weights(row, grad_copy)
         dy = dout.reshape((n1 - n0, -1))
         if relu:
-            _relu_gate(dy.reshape(-1), out.reshape(-1))
-        _dense_backward(dy, x.reshape((n1 - n0, -1)), W.reshape((W.shape[0], -1)), dW.reshape((W.shape[0], -1)),
-                        db, dx.reshape((n1 - n0, -1)), need_dx)
+            _relu_gate(dy.reshape(-1), out.reshape(-1))      # in place: gather_gradient reads the gated dy too
+        if need_dx:
+            _dense_input_gradient(dy, W.reshape((W.shape[0], -1)), dx.reshape((n1 - n0, -1)))
     elif kind == RELU:
         if need_dx:
             flat_dx, flat_dout, flat_out = dx.reshape(-1), dout.reshape(-1), out.reshape(-1)
@@ -218,7 +213,7 @@ def run_blocks(program, params, images, labels, acts, switches, grads, grad_copi
     chunk_range(w, workers, blocks), each from the first layer to the last (and back, if ``backward``).
 
     Writes acts (and switches) forward, block_losses[k] (the summed loss of block k) when there are
-    labels, and backward grads and grad_copies[k] (block k's dW, db); ``input_grad`` (dL/d images)
+    labels, and backward grads and grad_copies[k] (block k's convolution dW, db); ``input_grad`` (dL/d images)
     when it is not empty.
     """
     batch = images.shape[0]
@@ -234,18 +229,72 @@ def run_blocks(program, params, images, labels, acts, switches, grads, grad_copi
                 block_losses[block] = loss
 
 
-@njit(parallel=True, cache=True)
-def sum_block_gradients(grad_copies, grad, threads):
-    """grad[i] = Σ_k grad_copies[k, i], k in block order (the same sum on any number of threads).
+@njit(cache=True)
+def dense_items(program):
+    """Work items of the dense layers' weight gradients: four output rows of one dense program row each."""
+    items = 0
+    for index in range(program.shape[0]):
+        if program[index, KIND] == DENSE:
+            items += -(-program[index, C_OUT] // 4)
+    return items
 
-    Threads take contiguous ranges of i: a second, short parallel region.
+
+@njit(cache=True)
+def _dense_item(program, item):
+    """(program row, first output row) of dense work item ``item``."""
+    for index in range(program.shape[0]):
+        if program[index, KIND] == DENSE:
+            groups = -(-program[index, C_OUT] // 4)
+            if item < groups:
+                return index, 4 * item
+            item -= groups
+    return -1, 0
+
+
+@njit(cache=True, fastmath=SAFE_FASTMATH)
+def _dense_weight_rows(row, images, acts, grads, grad, batch, o0):
+    """Rows o0 … o0+3 of a dense row's dW = dYᵀ·X and db = Σ_n dY over the WHOLE batch, written into ``grad``:
+    four rows of dW by four samples a pass (``add_product``), the samples in order."""
+    x = _input_of(row, images, acts, batch, 0, batch).reshape((batch, -1))
+    dy = _output_of(row, grads, batch, 0, batch).reshape((batch, -1))
+    dW, db = _weights(row, grad)
+    o1 = min(o0 + 4, db.size)
+    rows = dW.reshape((db.size, -1))[o0:o1]
+    rows[:] = 0
+    add_product(rows, dy[:, o0:o1].T, x)
+    for o in range(o0, o1):
+        total = dy.dtype.type(0)
+        for n in range(batch):
+            total += dy[n, o]
+        db[o] = total
+
+
+@njit(parallel=True, cache=True)
+def gather_gradient(program, images, acts, grads, grad_copies, grad, threads):
+    """The step's gradient, in a second, short parallel region:
+
+    grad[i] = Σ_k grad_copies[k, i]   for the parameters the blocks summed (the convolutions': i < split,
+                                      first in the vector), k in block order
+    dW = dYᵀ·X, db = Σ_n dY           for each dense row, over the whole batch (from the activations and the
+                                      gated gradients the blocks left in ``acts`` and ``grads``)
+
+    A dense layer's weights are a large matrix read for a few samples: summed per block of 8, its dW was
+    zeroed, added into and summed again for every block — 17-20 % of a LeNet-5 step. Worker w takes a
+    contiguous range of i and of the dense work items (four output rows each): every number has one
+    writer and a fixed order of additions, so the gradient is the same, bit for bit, on any number of threads.
     """
-    workers = min(threads, max(1, grad.size // 4096))
+    batch, split = images.shape[0], grad_copies.shape[1]
+    items = dense_items(program)
+    workers = min(threads, max(1, split // 4096, items))
     for worker in prange(workers):
-        lo, hi = chunk_range(worker, workers, grad.size)
+        lo, hi = chunk_range(worker, workers, split)
         total = grad[lo:hi]
         total[:] = grad_copies[0, lo:hi]
         for block in range(1, grad_copies.shape[0]):      # block by block: a contiguous SIMD add, in order for each i
             share = grad_copies[block, lo:hi]
             for i in range(total.size):
                 total[i] += share[i]
+        first, end = chunk_range(worker, workers, items)
+        for item in range(first, end):
+            index, o0 = _dense_item(program, item)
+            _dense_weight_rows(program[index], images, acts, grads, grad, batch, o0)
