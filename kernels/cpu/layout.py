@@ -88,10 +88,10 @@ def fma_4x4(y0, y1, y2, y3, X, rows, starts, a):
     element for 4 loads of x and 4 loads and 4 stores of y (a single axpy: 1 multiply-add for 3).
     The sixteen weights are read once, before the loop, and stay in registers.
 
-    The inputs are read in place, x_t[k] = X[rows[t], starts[t] + k], not passed as views: Numba counts
-    the references to an array's memory, and each view made and dropped is an atomic increment and
-    decrement — tens of cycles, a quarter of a LeNet-5 step when every pass took eight (see
-    ``add_rows_at``)."""
+    The inputs come as rows and starts of one array, x_t[k] = X[rows[t], starts[t] + k], and their views
+    are made here, where Numba's reference-count pruning removes the atomic increment and decrement each
+    view costs; handed in from the caller, eight views a pass cost tens of cycles each — a quarter of a
+    LeNet-5 step (see ``add_rows_at``)."""
     a00, a01, a02, a03 = a[0, 0], a[0, 1], a[0, 2], a[0, 3]
     a10, a11, a12, a13 = a[1, 0], a[1, 1], a[1, 2], a[1, 3]
     a20, a21, a22, a23 = a[2, 0], a[2, 1], a[2, 2], a[2, 3]
