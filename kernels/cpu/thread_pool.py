@@ -71,8 +71,9 @@ def prefer_passive_openmp() -> None:
 
 @contextmanager
 def other_openmp_defaults():
-    """Our wait policy out of the environment meanwhile (a user's stays): for importing a library with an OpenMP
-    of its own (PyTorch), which then starts with its own defaults. Use it before Numba's first parallel launch."""
+    """Our wait policy out of the environment meanwhile (a user's stays): for starting a process that loads an
+    OpenMP of its own (the bench's PyTorch reference), which then starts with its own defaults — or, in this
+    process, for importing PyTorch before Numba's first parallel launch."""
     saved = os.environ.pop("OMP_WAIT_POLICY", None) if policy_set_here else None
     try:
         yield
