@@ -185,9 +185,9 @@ def start_competitor():
 VERSION_STEP = r"""
 import json, sys, time
 import numba, numpy as np
-numba.set_num_threads(int(sys.argv[1]))
 from cnn.model import NETWORKS
-from cnn.stages import get_stage
+from cnn.stages import get_stage      # first: stage 3 sets its wait policy before Numba's threads start
+numba.set_num_threads(int(sys.argv[1]))
 net, batch = NETWORKS[sys.argv[2]](), int(sys.argv[3])
 rng = np.random.default_rng(0)
 x = rng.normal(size=(batch, *net.input_shape)).astype(np.float32)
