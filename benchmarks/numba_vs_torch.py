@@ -186,13 +186,14 @@ VERSION_STEP = r"""
 import json, sys, time
 import numba, numpy as np
 from cnn.model import NETWORKS
-from cnn.stages import get_stage      # first: stage 3 sets its wait policy before Numba's threads start
+from cnn.stages import get_stage
+stage_class = get_stage("numba-cpu")     # first: importing stage 3 sets its wait policy before Numba's threads start
 numba.set_num_threads(int(sys.argv[1]))
 net, batch = NETWORKS[sys.argv[2]](), int(sys.argv[3])
 rng = np.random.default_rng(0)
 x = rng.normal(size=(batch, *net.input_shape)).astype(np.float32)
 y = rng.integers(0, 10, batch)
-stage = get_stage("numba-cpu")(net, np.float32).init("he", seed=0)
+stage = stage_class(net, np.float32).init("he", seed=0)
 for _ in range(3):
     stage.train_step(x, y, 0.001)
 wall, cpu = [], []
