@@ -207,11 +207,13 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
        python benchmarks/numba_vs_torch.py --versions 9d3e95a,0477abf --threads 1 --repeats 40 --rounds 4
 
        LeNet-5 b64, 1 thread    9d3e95a 2.43-2.54-3.38 ms   0477abf 2.35-2.35-2.36 ms   0.70-0.93-0.97 x
+       LeNet-5 b64, 2 threads   9d3e95a 1.49-1.51-1.58      0477abf 1.42-1.45-1.54      0.92-0.95-1.02 x
        AlexNet-small b128, 1    9d3e95a 91.3-92.1-93.6      0477abf 88.8-89.2-90.6      0.96-0.97-0.98 x
 
-   (the 0.70 is a round where 9d3e95a's process was slowed.) A run with ``--threads 2`` is not quoted:
-   its step processes set Numba's thread count before importing the stage, which started Numba's
-   OpenMP without stage 3's wait policy (spinning) and FreeCores then took one thread — fixed since.
+   (the 0.70 is a round where 9d3e95a's process was slowed; on 2 threads the CPU time is the main
+   thread's, the wall-clock medians 1.61 and 1.51 ms.) A first 2-thread run is not quoted: its step
+   processes set Numba's thread count before importing stage 3, which started Numba's OpenMP without
+   the passive policy, and FreeCores, seeing the spinning threads, took one thread (fixed since).
 
 The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
 version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the

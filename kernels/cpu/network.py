@@ -280,8 +280,8 @@ def gather_gradient(program, images, acts, grads, grad_copies, grad, threads):
 
     A dense layer's weights are a large matrix read for a few samples: summed per block of 8, its dW was
     zeroed, added into and summed again for every block. Taken once for the batch, a LeNet-5 b64 step
-    measured 0.93-0.97x the CPU time on one thread (AlexNet-small b128: 0.96-0.98x; fresh processes
-    taking turns, 4 and 3 rounds, load 0.7-1.0; stage 3's docstring). Worker w takes a
+    measured 0.93-0.97x the CPU time on one thread, 0.92-1.02x on two (wall 1.61 -> 1.51 ms; AlexNet-small
+    b128 0.96-0.98x; fresh processes taking turns, 3-4 rounds, load 0.7-1.0; stage 3's docstring). Worker w takes a
     contiguous range of i and of the dense work items (four output rows each): every number has one
     writer and a fixed order of additions, so the gradient is the same, bit for bit, on any number of threads.
     """
