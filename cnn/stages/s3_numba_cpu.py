@@ -367,16 +367,11 @@ def block_program(net: Network, plan: list[Step]) -> np.ndarray:
 
 def block_summed_parameters(program: np.ndarray, num_params: int) -> int:
     """How many parameters, from the start of the flat vector, each block sums into its own copy: those before
-    the first dense layer's (the convolutions'); the dense layers' gradients are taken for the whole batch at
-    once (``network.gather_gradient``). Refuses a network with a convolution after a dense layer."""
-    columns = network
-    dense = [row for row in program if row[columns.KIND] == columns.DENSE]
-    split = int(min((row[columns.W_AT] for row in dense), default=num_params))
-    for row in program:
-        if row[columns.KIND] == columns.CONV and row[columns.B_AT] + row[columns.C_OUT] > split:
-            raise ValueError("stage 'numba-cpu': a convolution after a dense layer is not supported "
-                             "(its block schedule sums the convolutions' gradients, which come first, per block)")
-    return split
+    the first dense layer's — the convolutions' (``cnn.model`` builds no convolution after a dense layer: its
+    output has no (C, H, W) to take); the dense layers' gradients are taken for the whole batch at once
+    (``network.gather_gradient``)."""
+    dense = [row for row in program if row[network.KIND] == network.DENSE]
+    return int(min((row[network.W_AT] for row in dense), default=num_params))
 
 
 class Buffers(NamedTuple):
