@@ -65,8 +65,9 @@ into the program they run. What changes against stage 2:
   gradient buffers are allocated once per batch size and reused. The first layer skips
   dL/d(images), which training never needs (PyTorch skips it too); ``input_grad``
   computes it on demand. The SGD update is one compiled pass (``sgd_momentum_kernel``).
-- Dense layers are compiled loops too, run per block: row o of W (and of dW) is read once
-  for the block's samples, four rows a pass (``add_rows``). numpy's BLAS is faster per FLOP
+- Dense layers are compiled loops too: forward and dL/dx per block, four rows of W by four
+  samples a pass (``add_dot_products``, ``add_product``); dW and db once for the whole batch
+  (``gather_gradient``, item 5 below). numpy's BLAS is faster per FLOP
   (LeNet-5's three dense layers, forward + backward at batch 64 on one thread: 0.26 ms
   against 0.8 ms for the first compiled version), but OpenBLAS brings a second thread pool
   that fights Numba's for the same two cores: a whole step measured a median 18-23 ms with
