@@ -332,7 +332,7 @@ def test_patch_backward_equals_numpy(size, stride, pad, pool, relu):
     dz = ref.relu_backward(dz, z) if relu else dz
     dx_ref, dW_ref, db_ref = ref.conv_backward(dz, x, W, stride, pad)
     dx, dW, db = np.full_like(x, np.nan), np.zeros_like(W), np.zeros_like(b)
-    patch_backward(dy, y, switch, x, W, stride, pad, relu, *(pool or (0, 0)), dW, db, dx, True, 0, x.shape[0])
+    patch_backward(dy, y, switch, x, W, stride, pad, relu, pool is not None, dW, db, dx, True, 0, x.shape[0])
     assert rel_error(dx, dx_ref) < 1e-12 and rel_error(dW, dW_ref) < 1e-12 and rel_error(db, db_ref) < 1e-12
 
 

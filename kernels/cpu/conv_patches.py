@@ -171,12 +171,11 @@ def add_patch(x_cl, at, row_step, K, v):
 
 
 @njit(cache=True)
-def patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx, lo, hi):
-    """Backward of conv + bias (+ ReLU) (+ max-pool when pool_size > 0) for samples lo … hi−1 from the winners'
-    patches: adds into dW and db; writes dx[lo:hi] when ``need_dx``."""
+def patch_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
+    """Backward of conv + bias (+ ReLU) (+ max-pool when ``pooled``: its switches say where) for samples lo … hi−1
+    from the winners' patches: adds into dW and db; writes dx[lo:hi] when ``need_dx``."""
     F, C, K = W.shape[0], W.shape[1], W.shape[2]
     Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
-    pooled = pool_size > 0
     windows = dout.shape[2] * dout.shape[3]
     Wt, dWt = in_patch_order(W), np.zeros((F, K * K * C), W.dtype)
     x_cl, dx_cl = np.zeros(Hp * Wp * C, W.dtype), np.zeros(Hp * Wp * C, W.dtype)

@@ -235,15 +235,14 @@ def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, 
 
 
 @njit(cache=True)
-def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx,
-                               lo, hi):
+def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
     """Work items lo ≤ item < hi of the backward (``conv_items``): add their share of dW and db into this
     thread's own copies ``dW``, ``db``; write their part of dx. The winners' patches when the patch is long
     enough (``uses_patches``), else the planes (``_plane_backward``)."""
     if uses_patches(W):
-        patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx, lo, hi)
+        patch_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi)
     else:
-        _plane_backward(dout, out, switch, x, W, stride, pad, relu, pool_size > 0, dW, db, dx, need_dx, lo, hi)
+        _plane_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi)
 
 
 @njit(cache=True)
@@ -320,7 +319,7 @@ def conv_block_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, p
     dW_copies, db_copies = _zeroed_copies(chunks, dW.size, W.dtype), _zeroed_copies(chunks, db.size, W.dtype)
     for chunk in prange(chunks):
         lo, hi = chunk_range(chunk, chunks, items)
-        _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride,
+        _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size > 0,
                                    dW_copies[chunk].reshape(dW.shape), db_copies[chunk], dx, need_dx, lo, hi)
     _sum_copies(dW_copies, dW.reshape(-1))
     _sum_copies(db_copies, db)
