@@ -288,7 +288,7 @@ def maxpool_forward(x, size, stride):
 
 def maxpool_backward(dy, argmax, x_shape, size, stride):
     dx = np.empty(x_shape, dy.dtype)
-    maxpool_backward_kernel(np.ascontiguousarray(dy), np.ascontiguousarray(argmax, np.int64), dx)
+    maxpool_backward_kernel(np.ascontiguousarray(dy), np.ascontiguousarray(argmax, np.int64), size, stride, dx)
     return dx
 
 
@@ -612,7 +612,7 @@ class NumbaCpuStage(HostStage):
         elif step.kind == "relu":
             relu_backward_kernel(grad_out.reshape(-1), out.reshape(-1), dx.reshape(-1))
         elif step.kind == "maxpool":
-            maxpool_backward_kernel(grad_out, switch, dx)
+            maxpool_backward_kernel(grad_out, switch, layer.size, layer.stride, dx)
         elif step.kind == "flatten":
             return grad_out.reshape(x.shape)
         else:

@@ -58,7 +58,7 @@ import numpy as np
 from numba import njit
 
 from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, dot_4x4, four_indices, geometry
-from kernels.cpu.pool import corner_switch, first_max_of_four, gradient_reaching
+from kernels.cpu.pool import first_max_of_four, gradient_reaching
 
 PATCH_MIN_TAPS = 128     # C·K·K from which the backward takes the winners' patches (measured: see above)
 WINDOW_MIN_TAPS = 256    # C·K·K from which a pooled conv's forward may go a window at a time (see above)
@@ -229,6 +229,5 @@ def window_forward(x, W, b, pad, relu, out, switch, lo, hi):
                     sums[:] = 0
                     dot_4x4(X, corners, starts, Wt, four_indices(f0, F), starts, X.shape[1], sums)
                     for k in range(min(4, F - f0)):          # row c of sums: corner c, column k: filter f0 + k
-                        out[n, f0 + k, i, j], corner = first_max_of_four(sums[0, k], sums[1, k], sums[2, k],
-                                                                         sums[3, k], b[f0 + k], relu)
-                        switch[n, f0 + k, i, j] = corner_switch(i, j, corner, Wo)
+                        out[n, f0 + k, i, j], switch[n, f0 + k, i, j] = first_max_of_four(
+                            sums[0, k], sums[1, k], sums[2, k], sums[3, k], top, Wo, b[f0 + k], relu)

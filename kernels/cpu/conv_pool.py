@@ -235,18 +235,19 @@ def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, 
 
 
 @njit(cache=True)
-def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
+def _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx,
+                               need_dx, lo, hi):
     """Work items lo ≤ item < hi of the backward (``conv_items``): add their share of dW and db into this
     thread's own copies ``dW``, ``db``; write their part of dx. The winners' patches when the patch is long
     enough (``uses_patches``), else the planes (``_plane_backward``)."""
     if uses_patches(W):
-        patch_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi)
+        patch_backward(dout, out, switch, x, W, stride, pad, relu, pool_size > 0, dW, db, dx, need_dx, lo, hi)
     else:
-        _plane_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi)
+        _plane_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx, lo, hi)
 
 
 @njit(cache=True)
-def _plane_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
+def _plane_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride, dW, db, dx, need_dx, lo, hi):
     """Work items lo ≤ item < hi, item = (block of samples, group of four input channels): add the
     item's share of dW[:, c] (and, from the item of the first group, of db) into this thread's own
     copies ``dW``, ``db``; write dx[block, c] for the group's channels, which no other item touches.
@@ -273,8 +274,8 @@ def _plane_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, 
             for f in range(F):
                 bias_grad[f] = 0
                 for s in range(count):
-                    bias_grad[f] += unpool_plane(dout[n0 + s, f], out[n0 + s, f], switch[n0 + s, f], relu, pooled,
-                                                  Wo, stride * Wp * count, stride * count, dz[f, margin + s:])
+                    bias_grad[f] += unpool_plane(dout[n0 + s, f], out[n0 + s, f], switch[n0 + s, f], relu, pool_size,
+                                                  pool_stride, Wo, stride * Wp * count, stride * count, dz[f, margin + s:])
             loaded = block_index
         if c0 == 0:
             db += bias_grad
@@ -319,7 +320,7 @@ def conv_block_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, p
     dW_copies, db_copies = _zeroed_copies(chunks, dW.size, W.dtype), _zeroed_copies(chunks, db.size, W.dtype)
     for chunk in prange(chunks):
         lo, hi = chunk_range(chunk, chunks, items)
-        _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size > 0,
+        _conv_block_backward_chunk(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_stride,
                                    dW_copies[chunk].reshape(dW.shape), db_copies[chunk], dx, need_dx, lo, hi)
     _sum_copies(dW_copies, dW.reshape(-1))
     _sum_copies(db_copies, db)

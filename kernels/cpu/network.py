@@ -166,7 +166,7 @@ def _backward_row(row, params, images, acts, switches, grads, grad_copy, input_g
             switch = _output_of(row, switches, batch, n0, n1)
         else:
             switch = np.empty((n1 - n0, row[C_OUT], 0, 0), np.int64)
-        _conv_block_backward_chunk(dout, out, switch, x, W, row[STRIDE], row[PAD], relu, row[POOL_SIZE] > 0,
+        _conv_block_backward_chunk(dout, out, switch, x, W, row[STRIDE], row[PAD], relu, row[POOL_SIZE], row[POOL_STRIDE],
                                    dW, db, dx, need_dx, 0,
                                    conv_items(x, W, row[STRIDE], row[PAD], row[POOL_SIZE], row[POOL_STRIDE], True))
     elif kind == DENSE:
@@ -182,7 +182,7 @@ def _backward_row(row, params, images, acts, switches, grads, grad_copy, input_g
             for k in range(flat_dx.size):
                 flat_dx[k] = flat_dout[k] if flat_out[k] > 0 else 0
     elif need_dx:
-        maxpool_backward_kernel(dout, _output_of(row, switches, batch, n0, n1), dx)
+        maxpool_backward_kernel(dout, _output_of(row, switches, batch, n0, n1), row[POOL_SIZE], row[POOL_STRIDE], dx)
 
 
 @njit(cache=True)
