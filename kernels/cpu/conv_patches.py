@@ -67,31 +67,32 @@ WINDOW_MIN_TAPS = 256    # C·K·K from which a pooled conv's forward may go a w
 @njit(cache=True)
 def channels_last(x_n, pad, Wp, x_cl, into):
     """One sample channels-last: x_cl[((pad + h)·Wp + pad + w)·C + c] = x_n[c, h, w] when ``into``, else back
-    the other way (the border of x_cl is neither written nor read: what falls on it is dropped)."""
+    the other way (the border of x_cl is neither written nor read: what falls on it is dropped). Unsigned
+    offsets, as in ``layout.load_channel``."""
     C, H, W = x_n.shape
+    step = np.uint64(C)
     for c in range(C):
         for h in range(H):
-            at = ((pad + h) * Wp + pad) * C + c
+            at = np.uint64(((pad + h) * Wp + pad) * C + c)
             for w in range(W):
                 if into:
-                    x_cl[at + w * C] = x_n[c, h, w]
+                    x_cl[at + np.uint64(w) * step] = x_n[c, h, w]
                 else:
-                    x_n[c, h, w] = x_cl[at + w * C]
+                    x_n[c, h, w] = x_cl[at + np.uint64(w) * step]
 
 
 @njit(cache=True)
 def unfold(x_cl, C, Wp, K, stride, Ho, Wo, X):
     """X[h·Wo + w, (p·K + q)·C + c] = padded input[c, h·stride + p, w·stride + q]: the patch under every output
-    position, each one row, copied as K runs of K·C contiguous numbers."""
-    KC = K * C
+    position, each one row, copied as K runs of K·C contiguous numbers (indexed in place, unsigned: no view,
+    no reference count, no wraparound per run)."""
+    KC = np.uint64(K * C)
     for h in range(Ho):
         for w in range(Wo):
-            row = X[h * Wo + w]
-            for p in range(K):
-                source = x_cl[((h * stride + p) * Wp + w * stride) * C:]
-                target = row[p * KC:]
+            for p in range(np.uint64(K)):
+                source = np.uint64(((h * stride) * Wp + w * stride) * C) + p * np.uint64(Wp * C)
                 for k in range(KC):
-                    target[k] = source[k]
+                    X[h * Wo + w, p * KC + k] = x_cl[source + k]
 
 
 @njit(cache=True)

@@ -53,26 +53,30 @@ def load_channel(x, n0, count, c, pad, Hp, Wp, block):
     """Channel c of samples n0 … n0+count−1, zero-padded, sample index innermost:
 
     block[((pad + h)·Wp + pad + w)·count + b] = x[n0 + b, c, h, w]
-    """
+
+    The offsets are unsigned, here and in the other copies between layouts: an index Numba cannot prove
+    non-negative gets a wraparound fixup (index < 0 → index + size) on every access."""
     H, W = x.shape[2], x.shape[3]
     if pad > 0:
         block[:Hp * Wp * count] = 0
+    step = np.uint64(count)
     for b in range(count):
         for h in range(H):
-            row = ((pad + h) * Wp + pad) * count + b
+            row = np.uint64(((pad + h) * Wp + pad) * count + b)
             for w in range(W):
-                block[row + w * count] = x[n0 + b, c, h, w]
+                block[row + np.uint64(w) * step] = x[n0 + b, c, h, w]
 
 
 @njit(cache=True)
 def store_channel(block, n0, count, c, pad, Hp, Wp, dx):
     """The inverse of ``load_channel``; what fell on the padding is dropped."""
     H, W = dx.shape[2], dx.shape[3]
+    step = np.uint64(count)
     for b in range(count):
         for h in range(H):
-            row = ((pad + h) * Wp + pad) * count + b
+            row = np.uint64(((pad + h) * Wp + pad) * count + b)
             for w in range(W):
-                dx[n0 + b, c, h, w] = block[row + w * count]
+                dx[n0 + b, c, h, w] = block[row + np.uint64(w) * step]
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
