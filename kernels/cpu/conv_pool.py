@@ -259,17 +259,17 @@ def _plane_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_
     groups = -(-C // 4)
     Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
     per_block = samples_per_block(N, Hp, Wp)
-    x4, dx4 = scratch(4, per_block, Hp, Wp, x.dtype), scratch(4, per_block, Hp, Wp, x.dtype)
+    x4, dx4 = scratch(4, per_block, Hp, Wp, x.dtype), scratch(4 if need_dx else 0, per_block, Hp, Wp, x.dtype)
     margin = (K - 1) * per_block                    # zeros before each dz plane (see _input_gradients)
     rows = -(-F // 4) * 4                           # zero planes up to a multiple of four filters (dot_4x4)
-    dz, bias_grad = np.zeros((rows, margin + per_block * Hp * Wp + SIMD_ROUND), x.dtype), np.zeros(F, x.dtype)
+    dz, bias_grad = np.empty((rows, margin + per_block * Hp * Wp + SIMD_ROUND), x.dtype), np.zeros(F, x.dtype)
     table, sums, tiles = tap_table(1, K, Wp), np.zeros((4, 4), x.dtype), input_tiles(W)
     loaded = -1
     for item in range(lo, hi):
         block_index, c0 = item // groups, 4 * (item % groups)
         n0 = block_index * per_block
         count = min(per_block, N - n0)
-        if block_index != loaded:
+        if block_index != loaded:                 # (always at the first item: dz starts as np.empty)
             dz[:] = 0
             for f in range(F):
                 bias_grad[f] = 0
