@@ -216,6 +216,59 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    processes set Numba's thread count before importing stage 3, which started Numba's OpenMP without
    the passive policy, and FreeCores, seeing the spinning threads, took one thread (fixed since).
 
+6. No wraparound, no division (2026-11-28, later again; the machine slower than in 4-5: a930bd4, with
+   0477abf's kernels, took 2.69-2.83 ms of CPU a LeNet-5 step, against 0477abf's 2.35-2.36 in 5). Numba cannot prove an index computed
+   from signed integers non-negative, so it adds a fixup (index < 0 → index + size) to every access; in
+   pooling's scalar loops that was ~a third of the instructions. Pooling and unpooling now take unsigned
+   offsets, ``first_max_of_four`` returns the switch itself, and unpooling finds the winner's row with one
+   compare (``pool._switch_row``) where it divided by the plane's width (~20 cycles): 1.6x and 1.8x faster
+   a window (microbenchmarks). The copies between layouts (``load_channel``, ``channels_last``, ``unfold``)
+   take unsigned offsets too (1.2-1.4x each), and the plane backward no longer zeroes its dz twice nor
+   allocates a dx scratch for a first layer. CPU time a step, fresh processes taking turns (load 1.0-1.5)::
+
+       python benchmarks/numba_vs_torch.py --versions a930bd4,HEAD --threads 1 --repeats 40 --rounds 4
+
+       LeNet-5 b64          a930bd4 2.69-2.75-2.83 ms   045c52a 2.50-2.56-2.62 ms   0.90-0.92-0.98 x
+       AlexNet-small b128   a930bd4 91.6-94.1-101.7     045c52a 88.8-89.4-92.8      0.91-0.94-0.98 x
+                            (--model alexnet-small --batch 128 --repeats 6 --rounds 3)
+
+   Against PyTorch, rows taking turns in one process (4 runs of ``--repeats 60``, 3 of ``--model
+   alexnet-small --repeats 12 --rows numba-cpu,numba-cpu-fixed,torch-cpu``, 3 of ``--loaded --repeats
+   30``; load 0.9-1.7; medians, min-max of the runs, each ratio its own run's;
+   benchmarks/results/numba_vs_torch-*-2026-11-28-unsigned-run*.json)::
+
+       LeNet-5 b64          1 thread:  numba-cpu-fixed 2.51-2.63 ms, PyTorch 5.33-5.66    0.46-0.47
+                            2 threads: numba-cpu-fixed 1.41-1.50,    PyTorch 3.88-4.26    0.35-0.36
+       AlexNet-small b128   1 thread:  numba-cpu-fixed 84.2-89.5,    PyTorch 97.0-109     0.82-0.87
+                            2 threads: numba-cpu-fixed 41.8-44.5,    PyTorch 51.1-55.7    0.80-0.82
+       LeNet-5, one core kept busy:   numba-cpu all threads / one thread 0.97 (each run);
+                                      numba-cpu / PyTorch 0.47-0.48 (1 thread), 0.30-0.32 (2)
+
+   PyTorch's own LeNet-5 step took 5.3-5.7 ms on one thread here against 4.0-4.3 in 4's runs: the
+   machine was slower, PyTorch more than this stage; the ratios are each run's own, and on one thread
+   they sit near issue 23's line (0.5), not far below it. Ten MNIST epochs: 99.33 %, 1.54-1.68 s of
+   training an epoch (first 1.79); benchmarks/results/train-lenet5-numba-cpu-10-epochs-vm-2026-11-28-unsigned.json.
+
+   Correcting 4: the 4 x 4 passes are not load-bound where their rows fit in L1. Alone, on 1,024
+   numbers, ``dot_4x4`` runs at 95 GFLOP/s and ``fma_4x4`` at 76 — the core's 256-bit FMA peak is ~96
+   at 3 GHz. (512-bit vectors, which LLVM uses once ``-prefer-256-bit`` is added to NUMBA_CPU_FEATURES:
+   dot_4x4 123, fma_4x4 74.) Tried and not kept, each measured: pieces of 256-2,048 outputs a pass to keep the
+   planes in L1 (alike); passes along each row of outputs, skipping the straddling columns (LeNet-5's
+   conv 2 forward 0.91x, but its conv 1 1.1x and AlexNet-small's conv 1 1.15x slower: short loops cost
+   more than the columns they skip); LeNet-5's conv 2 forward a pooling window at a time (1.1x slower);
+   BLOCK_NUMBERS 8192 (alike); the patch backward adding its rows straight into dx (1.2x slower: runs of
+   30 numbers).
+
+   Why AlexNet-small stays above 0.5x — arithmetic. Its dense step is 8.8 GFLOP at batch 128 (forward
+   3.15, backward 5.7), which PyTorch runs in 97-109 ms: 81-91 GFLOP/s. This stage skips the three
+   quarters of the convolutions' backward that pooling zeroes (4.6 GFLOP left), so half PyTorch's time
+   (48-54 ms) needs 85-95 GFLOP/s over the whole step — the peak itself. Its passes run at 54 (conv 1),
+   74 (conv 2) and 84 (conv 3, windows) GFLOP/s forward and ~40 backward (the winners' patches: rank-one
+   updates, a load for each multiply-add) — each program row timed alone on one thread, the batch in
+   blocks of 8 (one run, medians of 3): forward 11.7, 22.6, 10.0 ms, backward 12.4, 22.1, 10.6 ms of a
+   ~90 ms step. Twice PyTorch's speed there needs fewer multiply-adds (Winograd or FFT convolutions) or
+   wider vectors, not a better schedule.
+
 The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
 version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
 caller's own file: after editing a kernel in kernels/cpu/, delete kernels/cpu/__pycache__.)
