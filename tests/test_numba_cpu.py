@@ -7,7 +7,9 @@ and float32.
 """
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -367,3 +369,16 @@ def test_other_openmp_defaults_takes_our_wait_policy_away_meanwhile(monkeypatch)
     monkeypatch.setenv("OMP_WAIT_POLICY", "active")
     with thread_pool.other_openmp_defaults():
         assert os.environ["OMP_WAIT_POLICY"] == "active"
+
+
+@pytest.mark.parametrize("numba_first", [True, False])
+def test_a_late_import_of_the_kernels_says_the_wait_policy_came_too_late(numba_first):
+    """Imported after Numba's threads started, kernels.cpu warns (one line) that its passive policy does not apply;
+    imported first, it says nothing."""
+    start = "import numba; numba.set_num_threads(1)"
+    program = f"{start}; import kernels.cpu" if numba_first else f"import kernels.cpu; {start}"
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    child = subprocess.run([sys.executable, "-W", "always", "-c", program], capture_output=True, text=True, env=env,
+                           cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert ("wait policy" in child.stderr) == numba_first, child.stderr

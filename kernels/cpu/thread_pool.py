@@ -49,6 +49,7 @@ imports PyTorch first and says that its Numba rows ran on PyTorch's spinning Ope
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 
 import numba
@@ -60,10 +61,27 @@ LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 policy_set_here = False     # whether OMP_WAIT_POLICY is ours, not the user's
 
 
+def threads_started() -> bool:
+    """Whether Numba's thread pool is running (a parallel kernel or ``numba.set_num_threads`` started it)."""
+    try:
+        numba.threading_layer()
+    except ValueError:             # "Threading layer is not initialized"
+        return False
+    return True
+
+
 def prefer_passive_openmp() -> None:
-    """Ask for the OpenMP layer, its threads sleeping while they wait (unless the user chose otherwise)."""
+    """Ask for the OpenMP layer, its threads sleeping while they wait (unless the user chose otherwise).
+
+    Too late once Numba's threads run: OpenMP read its wait policy when they started. Then say so, in one
+    line — the stage still computes the same numbers, but its threads spin, and ``FreeCores`` counts them
+    as other work (how a benchmark of this course once ran the stage on one thread without knowing)."""
     global policy_set_here
     policy_set_here = "OMP_WAIT_POLICY" not in os.environ
+    if policy_set_here and threads_started():
+        warnings.warn("kernels.cpu was imported after Numba's threads started (numba.set_num_threads or a "
+                      "parallel kernel ran first): they keep OpenMP's default wait policy, spinning, not stage 3's "
+                      "passive one; import kernels.cpu (or cnn.stages.s3_numba_cpu) first", stacklevel=2)
     os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
         numba.config.THREADING_LAYER_PRIORITY = LAYER_PRIORITY
