@@ -30,7 +30,8 @@ def first_max_of_four(v0, v1, v2, v3, top, width, bias, relu):
 def _pool_plane_2x2(z, row_step, col_step, plane_width, bias, relu, out, switch):
     """``pool_plane`` for the common 2×2 windows every 2 pixels: the four values read at once, pooled by
     ``first_max_of_four``. The offsets are unsigned: Numba adds no wraparound for a negative index to
-    each read (four per window; this kernel measured 1.6x faster without them)."""
+    each read (four per window). Without them, and with the switch taken straight from the window's corner
+    position, this kernel measured 1.6x faster."""
     Hq, Wq = out.shape
     rows, cols = np.uint64(row_step), np.uint64(col_step)
     for i in range(Hq):
