@@ -257,7 +257,9 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    conv 2 forward 0.91x, but its conv 1 1.1x and AlexNet-small's conv 1 1.15x slower: short loops cost
    more than the columns they skip); LeNet-5's conv 2 forward a pooling window at a time (1.1x slower);
    BLOCK_NUMBERS 8192 (alike); the patch backward adding its rows straight into dx (1.2x slower: runs of
-   30 numbers).
+   30 numbers); eight rows a pass in ``add_rows_at`` (AlexNet-small's conv 2 dW 0.93x, ~1 % of a step);
+   dW a position at a time, each patch row added into its filters' rows in L1-sized pieces (1.4x slower:
+   one load and one store of dW for every multiply-add).
 
    Why AlexNet-small stays above 0.5x — arithmetic. Its dense step is 8.8 GFLOP at batch 128 (forward
    3.15, backward 5.7), which PyTorch runs in 97-109 ms: 81-91 GFLOP/s. This stage skips the three
