@@ -217,9 +217,10 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    the passive policy, and FreeCores, seeing the spinning threads, took one thread (fixed since).
 
 6. No wraparound, no division (2026-11-28, later again; the machine slower than in 4-5: a930bd4, with
-   0477abf's kernels, took 2.69-2.83 ms of CPU a LeNet-5 step, against 0477abf's 2.35-2.36 in 5). Numba cannot prove an index computed
-   from signed integers non-negative, so it adds a fixup (index < 0 → index + size) to every access; in
-   pooling's scalar loops that was ~a third of the instructions. Pooling and unpooling now take unsigned
+   0477abf's kernels, took 2.69-2.83 ms of CPU a LeNet-5 step, against 0477abf's 2.35-2.36 in 5).
+   Numba cannot prove an index computed from signed integers non-negative, so it adds a fixup
+   (index < 0 → index + size) to every access; in pooling's scalar loops that was ~a third of the
+   instructions. Pooling and unpooling now take unsigned
    offsets, ``first_max_of_four`` returns the switch itself, and unpooling finds the winner's row with one
    compare (``pool._switch_row``) where it divided by the plane's width (~20 cycles): 1.6x and 1.8x faster
    a window (microbenchmarks). The copies between layouts (``load_channel``, ``channels_last``, ``unfold``)
@@ -249,17 +250,17 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    they sit near issue 23's line (0.5), not far below it. Ten MNIST epochs: 99.33 %, 1.54-1.68 s of
    training an epoch (first 1.79); benchmarks/results/train-lenet5-numba-cpu-10-epochs-vm-2026-11-28-unsigned.json.
 
-   Correcting 4: the 4 x 4 passes are not load-bound where their rows fit in L1. Alone, on 1,024
-   numbers, ``dot_4x4`` runs at 95 GFLOP/s and ``fma_4x4`` at 76 — the core's 256-bit FMA peak is ~96
-   at 3 GHz. (512-bit vectors, which LLVM uses once ``-prefer-256-bit`` is added to NUMBA_CPU_FEATURES:
-   dot_4x4 123, fma_4x4 74.) Tried and not kept, each measured: pieces of 256-2,048 outputs a pass to keep the
-   planes in L1 (alike); passes along each row of outputs, skipping the straddling columns (LeNet-5's
-   conv 2 forward 0.91x, but its conv 1 1.1x and AlexNet-small's conv 1 1.15x slower: short loops cost
-   more than the columns they skip); LeNet-5's conv 2 forward a pooling window at a time (1.1x slower);
-   BLOCK_NUMBERS 8192 (alike); the patch backward adding its rows straight into dx (1.2x slower: runs of
-   30 numbers); eight rows a pass in ``add_rows_at`` (AlexNet-small's conv 2 dW 0.93x, ~1 % of a step);
-   dW a position at a time, each patch row added into its filters' rows in L1-sized pieces (1.4x slower:
-   one load and one store of dW for every multiply-add).
+   Correcting 4: the 4 x 4 passes are not load-bound where their rows fit in L1. Alone, on 1,024 numbers,
+   ``dot_4x4`` runs at 95 GFLOP/s and ``fma_4x4`` at 76 — the core's 256-bit FMA peak is ~96 at 3 GHz.
+   (512-bit vectors, which LLVM uses once ``-prefer-256-bit`` is added to NUMBA_CPU_FEATURES: dot_4x4 123,
+   fma_4x4 74.) Tried and not kept, each measured: pieces of 256-2,048 outputs a pass to keep the planes in
+   L1 (alike, or slower); passes along each row of outputs, skipping the straddling columns (LeNet-5's conv
+   2 forward 0.91x, but its conv 1 1.1x and AlexNet-small's conv 1 1.15x slower: short loops cost more than
+   the columns they skip); LeNet-5's conv 2 forward a pooling window at a time (the forward 1.1-1.2x
+   slower); BLOCK_NUMBERS 8192 (alike); the patch backward adding its rows straight into dx (1.2x slower:
+   runs of 30 numbers); eight rows a pass in ``add_rows_at`` (AlexNet-small's conv 2 dW 0.93x, ~1 % of a
+   step); dW a position at a time, each patch row added into its filters' rows in L1-sized pieces (1.4x
+   slower: one load and one store of dW for every multiply-add).
 
    Why AlexNet-small stays above 0.5x — arithmetic. Its dense step is 8.8 GFLOP at batch 128 (forward
    3.15, backward 5.7), which PyTorch runs in 97-109 ms: 81-91 GFLOP/s. This stage skips the three
