@@ -61,13 +61,13 @@ LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 policy_set_here = False     # whether OMP_WAIT_POLICY is ours, not the user's
 
 
-def threads_started() -> bool:
-    """Whether Numba's thread pool is running (a parallel kernel or ``numba.set_num_threads`` started it)."""
+def launched_layer() -> str | None:
+    """Numba's threading layer once its threads run (a parallel kernel or ``numba.set_num_threads`` started
+    them), else None."""
     try:
-        numba.threading_layer()
+        return numba.threading_layer()
     except ValueError:             # "Threading layer is not initialized"
-        return False
-    return True
+        return None
 
 
 def prefer_passive_openmp() -> None:
@@ -78,7 +78,7 @@ def prefer_passive_openmp() -> None:
     as other work (how a benchmark of this course once ran the stage on one thread without knowing)."""
     global policy_set_here
     policy_set_here = "OMP_WAIT_POLICY" not in os.environ
-    if policy_set_here and threads_started():
+    if policy_set_here and launched_layer() is not None:
         warnings.warn("kernels.cpu was imported after Numba's threads started (numba.set_num_threads or a "
                       "parallel kernel ran first): they keep OpenMP's default wait policy, spinning, not stage 3's "
                       "passive one; import kernels.cpu (or cnn.stages.s3_numba_cpu) first", stacklevel=2)
@@ -102,9 +102,5 @@ def other_openmp_defaults():
 
 def thread_pool_facts() -> dict:
     """What a results file records about the threads: Numba's layer (once launched), the count, the wait policy."""
-    try:
-        layer = numba.threading_layer()
-    except ValueError:             # no parallel region has run yet
-        layer = "not yet launched"
-    return {"numba_threading_layer": layer, "numba_threads": numba.get_num_threads(),
+    return {"numba_threading_layer": launched_layer() or "not yet launched", "numba_threads": numba.get_num_threads(),
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset: spin, then sleep)")}
