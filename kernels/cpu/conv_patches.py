@@ -127,7 +127,7 @@ def winners(dout_n, out_n, switch_n, f, relu, pooled, Wo, rows, gs, first):
     count, total = 0, dout_n.dtype.type(0)
     for i in range(dout_n.shape[1]):
         for j in range(dout_n.shape[2]):
-            g = gradient_reaching(dout_n, out_n, relu, (f, i, j))
+            g = gradient_reaching(dout_n[f, i, j], out_n[f, i, j], relu)
             total += g
             if g != 0:
                 rows[first + count] = switch_n[f, i, j] if pooled else i * Wo + j

@@ -140,13 +140,14 @@ def _input_gradients(dz, margin, F, tiles, K, run, Wp, count, dx4):
 
 
 @njit(cache=True)
-def _bias_relu_plane(z, row_step, col_step, bias, relu, out):
-    """out[i, j] = z[i·row_step + j·col_step] + bias (then ReLU if ``relu``): a conv with no pooling after it."""
-    Ho, Wo = out.shape
+def _bias_relu_plane(z, first, row_step, col_step, bias, relu, out, n, f):
+    """out[n, f, i, j] = z[first + i·row_step + j·col_step] + bias (then ReLU if ``relu``): a conv with no
+    pooling after it (arrays and indices, not views, as ``pool.pool_plane``)."""
+    Ho, Wo = out.shape[2], out.shape[3]
     for i in range(Ho):
         for j in range(Wo):
-            value = z[i * row_step + j * col_step] + bias
-            out[i, j] = value if value > 0 or not relu else 0
+            value = z[first + i * row_step + j * col_step] + bias
+            out[n, f, i, j] = value if value > 0 or not relu else 0
 
 
 @njit(cache=True)
@@ -168,6 +169,7 @@ def _plane_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, swit
     per_block = samples_per_block(N, Hp, Wp)
     block, z = scratch(C, per_block, Hp, Wp, x.dtype), scratch(4, per_block, Hp, Wp, x.dtype)
     tiles, table = weight_tiles(W), tap_table(C, W.shape[2], Wp)
+    planes, plane_size = z.reshape(z.size), z.shape[1]
     loaded = -1
     for item in range(lo, hi):
         block_index, f0 = item // groups, 4 * (item % groups)
@@ -183,11 +185,12 @@ def _plane_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, swit
         row_step, col_step = stride * Wp * count, stride * count     # output (i, j) at stride s
         for f in range(f0, min(F, f0 + 4)):
             for s in range(count):
+                first = (f - f0) * plane_size + s
                 if pool_size > 0:
-                    pool_plane(z[f - f0, s:], row_step, col_step, Wo, b[f], relu, pool_size, pool_stride,
-                               out[n0 + s, f], switch[n0 + s, f])
+                    pool_plane(planes, first, row_step, col_step, Wo, b[f], relu, pool_size, pool_stride,
+                               out, switch, n0 + s, f)
                 else:
-                    _bias_relu_plane(z[f - f0, s:], row_step, col_step, b[f], relu, out[n0 + s, f])
+                    _bias_relu_plane(planes, first, row_step, col_step, b[f], relu, out, n0 + s, f)
 
 
 @njit(cache=True)
@@ -264,6 +267,7 @@ def _plane_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_
     rows = -(-F // 4) * 4                           # zero planes up to a multiple of four filters (dot_4x4)
     dz, bias_grad = np.empty((rows, margin + per_block * Hp * Wp + SIMD_ROUND), x.dtype), np.zeros(F, x.dtype)
     table, sums, tiles = tap_table(1, K, Wp), np.zeros((4, 4), x.dtype), input_tiles(W)
+    dz_planes, dz_size = dz.reshape(dz.size), dz.shape[1]
     loaded = -1
     for item in range(lo, hi):
         block_index, c0 = item // groups, 4 * (item % groups)
@@ -274,8 +278,8 @@ def _plane_backward(dout, out, switch, x, W, stride, pad, relu, pool_size, pool_
             for f in range(F):
                 bias_grad[f] = 0
                 for s in range(count):
-                    bias_grad[f] += unpool_plane(dout[n0 + s, f], out[n0 + s, f], switch[n0 + s, f], relu, pool_size,
-                                                  pool_stride, Wo, stride * Wp * count, stride * count, dz[f, margin + s:])
+                    bias_grad[f] += unpool_plane(dout, out, switch, n0 + s, f, relu, pool_size, pool_stride, Wo,
+                                                  dz_planes, f * dz_size + margin + s, stride * Wp * count, stride * count)
             loaded = block_index
         if c0 == 0:
             db += bias_grad

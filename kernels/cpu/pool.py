@@ -27,56 +27,54 @@ def first_max_of_four(v0, v1, v2, v3, top, width, bias, relu):
 
 
 @njit(cache=True)
-def _pool_plane_2x2(z, row_step, col_step, plane_width, bias, relu, out, switch):
-    """``pool_plane`` for the common 2×2 windows every 2 pixels: the four values read at once, pooled by
-    ``first_max_of_four``. The offsets are unsigned: Numba adds no wraparound for a negative index to
-    each read (four per window). Without them, and with the switch taken straight from the window's corner
-    position, this kernel measured 1.6x faster."""
-    Hq, Wq = out.shape
-    rows, cols = np.uint64(row_step), np.uint64(col_step)
-    for i in range(Hq):
-        for j in range(Wq):
-            at = np.uint64(2 * i) * rows + np.uint64(2 * j) * cols
-            out[i, j], switch[i, j] = first_max_of_four(z[at], z[at + cols], z[at + rows], z[at + rows + cols],
-                                                        2 * i * plane_width + 2 * j, plane_width, bias, relu)
+def pool_plane(z, first, row_step, col_step, plane_width, bias, relu, size, stride, out, switch, n, f):
+    """Max-pool one plane into out[n, f], adding ``bias`` and, if ``relu``, ReLU. Element (h, w) of the
+    plane is z[first + h·row_step + w·col_step] (z flat; a conv of stride s reads every s-th stride-1 output).
 
-
-@njit(cache=True)
-def pool_plane(z, row_step, col_step, plane_width, bias, relu, size, stride, out, switch):
-    """Max-pool one plane into ``out``, adding ``bias`` and, if ``relu``, ReLU. Element (h, w) of
-    the plane is z[h·row_step + w·col_step] (a conv of stride s reads every s-th stride-1 output).
-
-    out[i, j]    = max_{h,w in window (i, j)} plane[h, w] + bias        (then max(·, 0) if relu)
-    switch[i, j] = h·plane_width + w of the first maximum (the tie rule of np.argmax)
+    out[n, f, i, j]    = max_{h,w in window (i, j)} plane[h, w] + bias        (then max(·, 0) if relu)
+    switch[n, f, i, j] = h·plane_width + w of the first maximum (the tie rule of np.argmax)
 
     max(z) + b = max(z + b) and ReLU(max) = max(ReLU): the order of the three does not matter.
+
+    What keeps it fast, each measured:
+    - the common 2×2 windows every 2 pixels read their four values at once (``first_max_of_four``) at
+      unsigned offsets: Numba adds no wraparound for a negative index to each read (1.6x faster with the
+      switch taken straight from the window's corner position);
+    - the plane comes as (array, first) and the output as (arrays, n, f), not as views, and no array is
+      handed on to another compiled function: Numba counts the references to an array's memory, a view
+      made for a call costs an atomic increment and decrement, and so does each array argument that a
+      function passes on (see ``layout.add_rows_at``) — for one call a plane.
     """
+    Hq, Wq = out.shape[2], out.shape[3]
     if size == 2 and stride == 2:
-        return _pool_plane_2x2(z, row_step, col_step, plane_width, bias, relu, out, switch)
-    Hq, Wq = out.shape
+        rows, cols = np.uint64(row_step), np.uint64(col_step)
+        for i in range(Hq):
+            for j in range(Wq):
+                at = np.uint64(first) + np.uint64(2 * i) * rows + np.uint64(2 * j) * cols
+                out[n, f, i, j], switch[n, f, i, j] = first_max_of_four(
+                    z[at], z[at + cols], z[at + rows], z[at + rows + cols], 2 * i * plane_width + 2 * j, plane_width,
+                    bias, relu)
+        return
     for i in range(Hq):
         for j in range(Wq):
             top, left = i * stride, j * stride
-            best, winner = z[top * row_step + left * col_step], top * plane_width + left
+            best, winner = z[first + top * row_step + left * col_step], top * plane_width + left
             for h in range(top, top + size):
                 for w in range(left, left + size):
-                    value = z[h * row_step + w * col_step]
+                    value = z[first + h * row_step + w * col_step]
                     greater = value > best          # written as selects, not a branch: random data
                     best = value if greater else best       # would mispredict half the time
                     winner = h * plane_width + w if greater else winner
             best += bias
-            out[i, j] = best if best > 0 or not relu else 0
-            switch[i, j] = winner
+            out[n, f, i, j] = best if best > 0 or not relu else 0
+            switch[n, f, i, j] = winner
 
 
 @njit(cache=True)
-def gradient_reaching(dout, out, relu, at):
-    """The gradient that pooled output ``at`` (an index: (i, j) in a plane, (f, i, j) in a sample) passes back:
-    dout[at], or 0 where its ReLU passed nothing."""
-    g = dout[at]
-    if relu:
-        g = g if out[at] > 0 else 0        # a select, not a branch: random data would mispredict
-    return g
+def gradient_reaching(grad, output, relu):
+    """The gradient that a pooled output passes back, given the gradient ``grad`` arriving at it and its value
+    ``output``: grad, or 0 where its ReLU passed nothing. Numbers, not arrays: see ``pool_plane``."""
+    return grad if output > 0 or not relu else 0       # a select, not a branch: random data would mispredict
 
 
 @njit(cache=True)
@@ -90,26 +88,27 @@ def _switch_row(winner, top, size, plane_width):
 
 
 @njit(cache=True)
-def unpool_plane(dout, out, switch, relu, pool_size, pool_stride, plane_width, row_step, col_step, dz):
-    """Add into dz the gradient arriving at a plane before ReLU and pooling (element (h, w) of the
-    plane is dz[h·row_step + w·col_step]); return its sum, the bias gradient of a conv's plane.
+def unpool_plane(dout, out, switch, n, f, relu, pool_size, pool_stride, plane_width, dz, first, row_step, col_step):
+    """Add into dz the gradient arriving at plane (n, f) before ReLU and pooling (element (h, w) of the
+    plane is dz[first + h·row_step + w·col_step], dz flat); return its sum, the bias gradient of a conv's plane.
 
-    pooled (pool_size > 0):  plane[switch[i, j]] += dout[i, j]   (a pixel winning overlapping windows
-                             gets each one's share)
-    else:                    plane[i, j] += dout[i, j]
+    pooled (pool_size > 0):  plane[switch[n, f, i, j]] += dout[n, f, i, j]   (a pixel winning overlapping
+                             windows gets each one's share)
+    else:                    plane[i, j] += dout[n, f, i, j]
     relu:                    only where the output was positive (out > 0).
+    Arrays and indices, not views, as in ``pool_plane``.
     """
     total = dz.dtype.type(0)
-    Hq, Wq = dout.shape
+    Hq, Wq = dout.shape[2], dout.shape[3]
     rows, cols = np.uint64(row_step), np.uint64(col_step)
     for i in range(Hq):
         for j in range(Wq):
-            grad = gradient_reaching(dout, out, relu, (i, j))
+            grad = gradient_reaching(dout[n, f, i, j], out[n, f, i, j], relu)
             h, w = i, j
             if pool_size > 0:
-                h = _switch_row(switch[i, j], i * pool_stride, pool_size, plane_width)
-                w = switch[i, j] - h * plane_width
-            dz[np.uint64(h) * rows + np.uint64(w) * cols] += grad
+                h = _switch_row(switch[n, f, i, j], i * pool_stride, pool_size, plane_width)
+                w = switch[n, f, i, j] - h * plane_width
+            dz[np.uint64(first) + np.uint64(h) * rows + np.uint64(w) * cols] += grad
             total += grad
     return total
 
@@ -122,17 +121,16 @@ def maxpool_kernel(x, size, stride, out, switch):
     kernel costs seconds more to compile.
     """
     N, C, H, W = x.shape
+    planes = x.reshape(x.size)
     for item in range(N * C):
-        n, c = item // C, item % C
-        pool_plane(x[n, c].reshape(H * W), W, 1, W, x.dtype.type(0), False, size, stride, out[n, c], switch[n, c])
+        pool_plane(planes, item * H * W, W, 1, W, x.dtype.type(0), False, size, stride, out, switch, item // C, item % C)
 
 
 @njit(cache=True)
 def maxpool_backward_kernel(dout, switch, size, stride, dx):
     """dx[n, c, switch] += dout, plane by plane (one thread, as ``maxpool_kernel``)."""
     N, C, H, W = dx.shape
+    planes = dx.reshape(dx.size)
+    planes[:] = 0
     for item in range(N * C):
-        n, c = item // C, item % C
-        plane = dx[n, c].reshape(H * W)
-        plane[:] = 0
-        unpool_plane(dout[n, c], dout[n, c], switch[n, c], False, size, stride, W, W, 1, plane)
+        unpool_plane(dout, dout, switch, item // C, item % C, False, size, stride, W, planes, item * H * W, W, 1)
