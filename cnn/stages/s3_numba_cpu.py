@@ -265,12 +265,38 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    Why AlexNet-small stays above 0.5x — arithmetic. Its dense step is 8.8 GFLOP at batch 128 (forward
    3.15, backward 5.7), which PyTorch runs in 97-109 ms: 81-91 GFLOP/s. This stage skips the three
    quarters of the convolutions' backward that pooling zeroes (4.6 GFLOP left), so half PyTorch's time
-   (48-54 ms) needs 85-95 GFLOP/s over the whole step — the peak itself. Its passes run at 54 (conv 1),
-   74 (conv 2) and 84 (conv 3, windows) GFLOP/s forward and ~40 backward (the winners' patches: rank-one
-   updates, a load for each multiply-add) — each program row timed alone on one thread, the batch in
-   blocks of 8 (one run, medians of 3): forward 11.7, 22.6, 10.0 ms, backward 12.4, 22.1, 10.6 ms of a
-   ~90 ms step. Twice PyTorch's speed there needs fewer multiply-adds (Winograd or FFT convolutions) or
-   wider vectors, not a better schedule.
+   (48-54 ms) needs 85-95 GFLOP/s over the whole step — the 256-bit peak itself (half the 512-bit one, 7).
+   Its passes run at 54 (conv 1), 74 (conv 2) and 84 (conv 3, windows) GFLOP/s forward and ~40 backward
+   (the winners' patches: rank-one updates, a load for each multiply-add) — each program row timed alone
+   on one thread, the batch in blocks of 8 (one run, medians of 3): forward 11.7, 22.6, 10.0 ms, backward
+   12.4, 22.1, 10.6 ms of a ~90 ms step. Twice PyTorch's speed there needs fewer multiply-adds (Winograd
+   or FFT convolutions) or kernels built for 512-bit vectors, not a better schedule: the same loops
+   compiled wider measured no faster (7).
+
+7. No reference counts a plane, and 512-bit vectors measured (2026-11-28, a new session, load 0.7-1.1).
+   What 4 left of ``NRT_incref``/``NRT_decref`` was still 5 % of a LeNet-5 step (perf); breaking at
+   ``NRT_incref`` in gdb and naming each caller's return address counted ~45 % of the calls in pooling and
+   unpooling. A view made for a call costs a pair (``pool_plane(z[f, s:], ..., out[n, f], switch[n, f])``, a
+   few hundred calls a step), and so does every array argument that a function hands on to another
+   compiled function: Numba's pruning removes the pair of an argument only in a function that passes it
+   nowhere (seen in the LLVM IR, ``inspect_llvm``). ``pool_plane`` and ``unpool_plane`` now take (array,
+   first) and (arrays, n, f), the 2 × 2 loop is inside ``pool_plane`` instead of a function it called, and
+   ``gradient_reaching`` takes numbers: none of the three keeps a pair. Alone, on AlexNet-small's conv 1
+   planes: unpooling 3.0x faster a plane (5.6 → 1.85 µs: the old ``gradient_reaching`` took the arrays, a
+   pair a window), pooling 1.06x. The step (``--versions 248f9ca,cad2753`` and the reverse order, CPU time,
+   min-median-max of the rounds): LeNet-5 0.95-0.97-1.02x and 0.96-0.99-1.03x (6 rounds each; NRT 5.1 →
+   2.6 % of the step); AlexNet-small 1.02-1.03-1.03x and 1.02-1.03-1.04x (4 rounds each), while a script
+   timing both in turns of 10 steps found 0.98-1.00x — a step alike, within this machine's noise.
+
+   The whole stage compiled for 512-bit vectors (NUMBA_CPU_FEATURES = the host's features plus
+   ``-prefer-256-bit``; ``dot_4x4`` alone runs at 123 GFLOP/s there, above the 256-bit peak: the core
+   has two 512-bit FMA units), against the default, fresh processes taking turns, 1 thread, median wall time
+   of a step: LeNet-5 2.72-2.81 against 2.50-2.60 ms (4 rounds: 1.08-1.11x slower), AlexNet-small
+   95.0-116 against 98.3-103 ms (3 rounds: 0.92-1.18x, no gain). The passes as written do not turn wider
+   vectors into speed (``fma_4x4`` gained nothing even alone in L1; ``dot_4x4`` 1.3x alone, but the conv 3
+   forward that runs it, timed alone, 9.5-10.4 against 10.3-11.0 ms, two runs): twice the 256-bit peak is
+   there, but reaching it takes register-blocked kernels with their operands tiled for L1 — what oneDNN
+   generates — a different kernel design, not the same loops wider.
 
 The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
 version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
