@@ -298,7 +298,7 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    there, but reaching it takes register-blocked kernels with their operands tiled for L1 — what oneDNN
    generates — a different kernel design, not the same loops wider.
 
-The first call of the stage compiles its kernels: 34 s of CPU for the float32 step (the first
+The first call of the stage compiles its kernels: 40-43 s of CPU for the float32 step (2026-11-28; the first
 version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
 caller's own file: after editing a kernel in kernels/cpu/, delete kernels/cpu/__pycache__.)
 """
