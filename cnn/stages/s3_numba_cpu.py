@@ -287,6 +287,13 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    min-median-max of the rounds): LeNet-5 0.95-0.97-1.02x and 0.96-0.99-1.03x (6 rounds each; NRT 5.1 →
    2.6 % of the step); AlexNet-small 1.02-1.03-1.03x and 1.02-1.03-1.04x (4 rounds each), while a script
    timing both in turns of 10 steps found 0.98-1.00x — a step alike, within this machine's noise.
+   Against PyTorch after it (168e0a3, 3 runs of ``--repeats 60``, load 1.2-1.3; the ratio each run's
+   own; benchmarks/results/numba_vs_torch-lenet5-b64-no-competitor-vm-2026-11-28-refcount-run*.json)::
+
+       LeNet-5 b64          1 thread:  numba-cpu-fixed 2.37-2.70 ms, PyTorch 4.95-5.21    0.48-0.52
+                            2 threads: numba-cpu-fixed 1.35-1.48,    PyTorch 3.52-3.72    0.37-0.40
+
+   On one thread the stage sits on issue 23's line (0.5), as in 6; on two it is well under it.
 
    The whole stage compiled for 512-bit vectors (NUMBA_CPU_FEATURES = the host's features plus
    ``-prefer-256-bit``; ``dot_4x4`` alone runs at 123 GFLOP/s there, above the 256-bit peak: the core
