@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -147,3 +148,30 @@ def test_world_wait_is_as_fast_as_mpi_frees_the_core_and_keeps_its_deadline():
     seconds = float(lost.split()[2])
     assert 0.5 <= seconds < 10, lost
     assert "from rank 1" in lost and lost.endswith("(1,)"), lost
+
+
+FINALIZE_SCRIPT = """
+import time
+from mpi4py import MPI
+from cnn.parallel.world import finalize_within
+
+if MPI.COMM_WORLD.Get_rank() == 1:
+    time.sleep(40)          # a peer that does not finalize for a long time (as a dead one never does)
+finalize_within(1.0, 7)
+print("finalized", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not installed")
+def test_finalize_within_gives_up_on_a_peer_that_does_not_finalize():
+    """Rank 0 waits in MPI_Finalize for rank 1, which sleeps 40 s: its 1 s watchdog must end it with code 7
+    (and the job with it) long before — with mpi4py's MPI.Finalize, which keeps the GIL, the watchdog
+    thread could not run until rank 1 came (measured: the 20 s of the sleep)."""
+    argv = [MPIEXEC, *launch.launcher_flags(MPIEXEC, 2, fault_tolerant=False), "-n", "2", sys.executable,
+            "-c", FINALIZE_SCRIPT]
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=launch.environment())
+    elapsed = time.monotonic() - started
+    assert "MPI_Finalize did not return in 1 s" in done.stderr, done.stderr[-2000:]
+    assert done.returncode != 0 and elapsed < 30, (done.returncode, elapsed)

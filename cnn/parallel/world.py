@@ -33,7 +33,8 @@ call* — it sends a token to every other rank — and every rank that is waitin
 listens for those tokens, so the others join at once instead of each waiting out a timeout of its
 own; the roll call then waits for the ranks nobody suspects a little longer than for the ones
 someone found silent (``survivors``). After a loss the survivors leave without ``MPI_Finalize``,
-which can hang on a message the dead rank left half-way (``leave``).
+which can hang on a message the dead rank left half-way (``leave``); a rank that never learnt of the
+loss finalizes, under a watchdog that ends it if MPI_Finalize waits for the dead rank (``finalize_within``).
 """
 
 from __future__ import annotations
@@ -450,3 +451,49 @@ class World:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def finalize_within(patience: float, code: int) -> None:
+    """MPI_Finalize; if it has not returned after ``patience`` seconds, the end of this process with ``code``
+    and a line on stderr. A rank that never learnt of a lost peer finalizes like any other, and
+    MPI_Finalize can wait for the dead one for ever (seen in CI: Sandblaster's workers after a killed
+    worker, until the test's limit killed the job).
+
+    The watchdog is a timer thread, and a thread runs Python only while it holds the GIL: mpi4py's
+    ``MPI.Finalize`` keeps the GIL for the whole call (measured: a 3 s timer fired only when a 20 s
+    MPI_Finalize returned), so MPI_Finalize is called through ctypes, which lets the GIL go during a
+    foreign call. (Where the library cannot be found, without /proc, mpi4py's call is the fallback and
+    the watchdog cannot fire during it.)
+    """
+    import threading
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+
+    def leave_without_finalize() -> None:
+        print(f"MPI_Finalize did not return in {patience:g} s (a peer lost without this rank knowing it?): "
+              "leaving without it", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+    watchdog = threading.Timer(patience, leave_without_finalize)
+    watchdog.daemon = True
+    watchdog.start()
+    libmpi = _loaded_libmpi()
+    if libmpi is not None:
+        libmpi.MPI_Finalize()
+    else:
+        MPI.Finalize()
+    watchdog.cancel()
+
+
+def _loaded_libmpi():
+    """The MPI library this process runs on, opened with ctypes (its path from /proc/self/maps), or None."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "/libmpi.so" in line}
+    except OSError:
+        return None
+    return ctypes.CDLL(min(paths)) if paths else None
