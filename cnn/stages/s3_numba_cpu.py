@@ -294,6 +294,11 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
                             2 threads: numba-cpu-fixed 1.35-1.48,    PyTorch 3.52-3.72    0.37-0.40
 
    On one thread the stage sits on issue 23's line (0.5), as in 6; on two it is well under it.
+   Tried after it and not kept (fresh processes taking turns, 1 thread, LeNet-5): a ReLU after a Dense
+   folded into the Dense's program row (two rows and two passes fewer: the step 0.93-1.00-1.07x, 6
+   rounds); the patch backward's v re-zeroed inside ``add_patch`` instead of by a call to memset a
+   position (its conv 2 backward 0.60-0.62 against 0.58-0.60 ms at best, 3 runs: the store costs what the
+   call did).
 
    The whole stage compiled for 512-bit vectors (NUMBA_CPU_FEATURES = the host's features plus
    ``-prefer-256-bit``; ``dot_4x4`` alone runs at 123 GFLOP/s there, above the 256-bit peak: the core
