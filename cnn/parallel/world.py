@@ -39,10 +39,12 @@ loss finalizes, under a watchdog that ends it if MPI_Finalize waits for the dead
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -465,8 +467,6 @@ def finalize_within(patience: float, code: int) -> None:
     foreign call. (Where the library cannot be found, without /proc, mpi4py's call is the fallback and
     the watchdog cannot fire during it.)
     """
-    import threading
-
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
 
@@ -489,8 +489,6 @@ def finalize_within(patience: float, code: int) -> None:
 
 def _loaded_libmpi():
     """The MPI library this process runs on, opened with ctypes (its path from /proc/self/maps), or None."""
-    import ctypes
-
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "/libmpi.so" in line}
