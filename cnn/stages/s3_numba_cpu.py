@@ -294,24 +294,25 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
                             2 threads: numba-cpu-fixed 1.35-1.48,    PyTorch 3.52-3.72    0.37-0.40
 
    On one thread the stage sits on issue 23's line (0.5), as in 6; on two it is well under it.
-   Tried after it and not kept (fresh processes taking turns, 1 thread, LeNet-5): a ReLU after a Dense
-   folded into the Dense's program row (two rows and two passes fewer: the step 0.93-1.00-1.07x, 6
-   rounds); the patch backward's v re-zeroed inside ``add_patch`` instead of by a call to memset a
-   position (its conv 2 backward 0.60-0.62 against 0.58-0.60 ms at best, 3 runs: the store costs what the
-   call did).
 
    The whole stage compiled for 512-bit vectors (NUMBA_CPU_FEATURES = the host's features plus
    ``-prefer-256-bit``; ``dot_4x4`` alone runs at 123 GFLOP/s there, above the 256-bit peak: the core
-   has two 512-bit FMA units), against the default, fresh processes taking turns, 1 thread, median wall time
-   of a step: LeNet-5 2.72-2.81 against 2.50-2.60 ms (4 rounds: 1.08-1.11x slower), AlexNet-small
+   has two 512-bit FMA units), against the default, fresh processes taking turns, 1 thread, median wall
+   time of a step: LeNet-5 2.72-2.81 against 2.50-2.60 ms (4 rounds: 1.08-1.11x slower), AlexNet-small
    95.0-116 against 98.3-103 ms (3 rounds: 0.92-1.18x, no gain). The passes as written do not turn wider
    vectors into speed (``fma_4x4`` gained nothing even alone in L1; ``dot_4x4`` 1.3x alone, but the conv 3
    forward that runs it, timed alone, 9.5-10.4 against 10.3-11.0 ms, two runs): twice the 256-bit peak is
    there, but reaching it takes register-blocked kernels with their operands tiled for L1 — what oneDNN
    generates — a different kernel design, not the same loops wider.
 
-The first call of the stage compiles its kernels: 40-43 s of CPU for the float32 step (2026-11-28; the first
-version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
+   Tried after the pooling change and not kept (fresh processes taking turns, 1 thread, LeNet-5): a ReLU
+   after a Dense folded into the Dense's program row (two rows and two passes fewer: the step
+   0.93-1.00-1.07x, 6 rounds); the patch backward's v re-zeroed inside ``add_patch`` instead of by a call
+   to memset a position (its conv 2 backward 0.60-0.62 against 0.58-0.60 ms at best, 3 runs: the store
+   costs what the call did).
+
+The first call of the stage compiles its kernels: 40-43 s of CPU for the float32 step (2026-11-28; the
+first version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
 caller's own file: after editing a kernel in kernels/cpu/, delete kernels/cpu/__pycache__.)
 """
 
