@@ -30,7 +30,13 @@ UNFUSED = Network("odd-c", (3, 9, 7), (
     Conv(4, 5, 2, pad=1), ReLU(), MaxPool(3, 2),               # 5x5x4 -> 5x2x1
     Flatten(), Dense(10, 6), ReLU(), Dense(6, 3)))
 
-NETWORKS = {**ODD_NETWORKS, "unfused": UNFUSED, "lenet5": lenet5()}
+# a conv + ReLU + pool that the stage's forward takes by Winograd's F(2x2, 5x5): 16 channels, an output of
+# even height and width, a filter count not a multiple of 4
+WINOGRAD = Network("winograd", (16, 6, 8), (
+    Conv(16, 6, 5, pad=2), ReLU(), MaxPool(2, 2),             # 6x6x8 -> 6x3x4
+    Flatten(), Dense(72, 3)))
+
+NETWORKS = {**ODD_NETWORKS, "unfused": UNFUSED, "winograd": WINOGRAD, "lenet5": lenet5()}
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-4}
 
 
@@ -241,7 +247,7 @@ def test_torch_missing_is_one_line(monkeypatch):
 
 # -- the block schedule (kernels/cpu/network.py) and the thread count -------------------------------------
 
-@pytest.mark.parametrize("net_name", ["unfused", "lenet5"])
+@pytest.mark.parametrize("net_name", ["unfused", "winograd", "lenet5"])
 def test_layer_schedule_gives_the_same_step(net_name):
     """The stage's first schedule (a parallel region a layer) and the block schedule compute the same thing."""
     net = NETWORKS[net_name]

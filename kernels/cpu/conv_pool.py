@@ -21,6 +21,7 @@ from kernels.cpu.layout import (SIMD_ROUND, chunk_range, dot_4x4, fma_4x4, geome
                                 samples_per_block, scratch, store_channel)
 from kernels.cpu.conv_patches import PATCH_MIN_TAPS, WINDOW_MIN_TAPS, patch_backward, window_forward
 from kernels.cpu.pool import pool_plane, unpool_plane
+from kernels.cpu.winograd import tile_blocks, uses_winograd, weights_shape, winograd_forward, winograd_weights
 
 
 @njit(cache=True)
@@ -151,13 +152,33 @@ def _bias_relu_plane(z, first, row_step, col_step, bias, relu, out, n, f):
 
 
 @njit(cache=True)
-def _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi):
-    """Work items lo ≤ item < hi of the forward (``conv_items``): a pooling window at a time when
-    ``uses_windows``, else a plane at a time (``_plane_forward``)."""
-    if uses_windows(x, W, stride, pad, pool_size, pool_stride):
+def _conv_block_forward_chunk(x, W, U, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi):
+    """Work items lo ≤ item < hi of the forward (``conv_items``): by Winograd's F(2 × 2, 5 × 5) when it applies
+    (``takes_winograd``; U: its transformed weights), a pooling window at a time when ``uses_windows``, else a
+    plane at a time (``_plane_forward``)."""
+    if takes_winograd(x, W, stride, pad, pool_size, pool_stride):
+        winograd_forward(x, U, b, pad, relu, out, switch, lo, hi)
+    elif uses_windows(x, W, stride, pad, pool_size, pool_stride):
         window_forward(x, W, b, pad, relu, out, switch, lo, hi)
     else:
         _plane_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi)
+
+
+@njit(cache=True)
+def takes_winograd(x, W, stride, pad, pool_size, pool_stride):
+    """Whether the forward goes by Winograd's F(2 × 2, 5 × 5) (``winograd.uses_winograd``)."""
+    return uses_winograd(x.shape[1], x.shape[2], x.shape[3], W.shape[2], stride, pad, pool_size, pool_stride)
+
+
+@njit(cache=True)
+def transformed_weights(x, W, stride, pad, pool_size, pool_stride):
+    """The forward's Winograd weights U (``winograd.winograd_weights``) when it takes that path, else none: taken
+    once for all the work items of a call."""
+    if not takes_winograd(x, W, stride, pad, pool_size, pool_stride):
+        return np.zeros((0, 0, 0, 4, 4), W.dtype)
+    U = np.zeros(weights_shape(W.shape[0], W.shape[1]), W.dtype)
+    winograd_weights(W, U)
+    return U
 
 
 @njit(cache=True)
@@ -212,9 +233,12 @@ def uses_windows(x, W, stride, pad, pool_size, pool_stride):
 
 @njit(cache=True)
 def conv_items(x, W, stride, pad, pool_size, pool_stride, backward):
-    """Work items of a convolution over the samples of x: samples where it takes the patches (forward
-    ``uses_windows``, backward ``uses_patches``), else (block of samples, group of four filters) forward and
-    (block of samples, group of four input channels) backward (the planes)."""
+    """Work items of a convolution over the samples of x: blocks of samples where the forward goes by Winograd
+    (``winograd.tile_blocks``), samples where it takes the patches (forward ``uses_windows``, backward
+    ``uses_patches``), else (block of samples, group of four filters) forward and (block of samples, group of
+    four input channels) backward (the planes)."""
+    if not backward and takes_winograd(x, W, stride, pad, pool_size, pool_stride):
+        return tile_blocks(x, pad)
     if uses_patches(W) if backward else uses_windows(x, W, stride, pad, pool_size, pool_stride):
         return x.shape[0]
     Hp, Wp, _, _ = geometry(x, W, stride, pad)
@@ -231,10 +255,11 @@ def conv_block_forward(x, W, b, stride, pad, relu, pool_size, pool_stride, out, 
     a sample at a time); when pooled, the conv output never reaches memory.
     """
     items = conv_items(x, W, stride, pad, pool_size, pool_stride, False)
+    U = transformed_weights(x, W, stride, pad, pool_size, pool_stride)
     chunks = min(threads, items)
     for chunk in prange(chunks):
         lo, hi = chunk_range(chunk, chunks, items)
-        _conv_block_forward_chunk(x, W, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi)
+        _conv_block_forward_chunk(x, W, U, b, stride, pad, relu, pool_size, pool_stride, out, switch, lo, hi)
 
 
 @njit(cache=True)

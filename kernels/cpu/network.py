@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.cpu.conv_pool import _conv_block_backward_chunk, _conv_block_forward_chunk, conv_items
+from kernels.cpu.winograd import uses_winograd, weights_shape, winograd_weights
 from kernels.cpu.layout import SAFE_FASTMATH, add_dot_products, add_product, chunk_range
 from kernels.cpu.pool import maxpool_backward_kernel, maxpool_kernel
 
@@ -122,8 +123,36 @@ def _softmax_cross_entropy(logits, labels, batch, dlogits):
 
 
 @njit(cache=True)
-def _forward_row(row, params, images, acts, switches, batch, n0, n1):
-    """One program row's forward pass for samples n0 … n1−1."""
+def _winograd_rows(program, params):
+    """The Winograd weights (``winograd.winograd_weights``) of every conv row whose forward goes that way, once a
+    step for all the blocks, in one flat vector; and where each row's start (−1: none)."""
+    starts, size = np.full(program.shape[0], -1, np.int64), 0
+    for index in range(program.shape[0]):
+        row = program[index]
+        if row[KIND] == CONV and uses_winograd(row[C_IN], row[H_IN], row[W_IN], row[KERNEL], row[STRIDE], row[PAD],
+                                               row[POOL_SIZE], row[POOL_STRIDE]):
+            starts[index] = size
+            size += 36 * 16 * -(-row[C_OUT] // 4) * -(-row[C_IN] // 4)
+    prepared = np.zeros(size, params.dtype)
+    for index in range(program.shape[0]):
+        if starts[index] >= 0:
+            W, _ = _weights(program[index], params)
+            winograd_weights(W, _winograd_of(program[index], prepared, starts[index]))
+    return prepared, starts
+
+
+@njit(cache=True)
+def _winograd_of(row, prepared, start):
+    """The row's Winograd weights in ``prepared`` (from ``start``; none when start < 0)."""
+    if start < 0:
+        return prepared[:0].reshape((0, 0, 0, 4, 4))
+    shape = weights_shape(row[C_OUT], row[C_IN])
+    return prepared[start:start + 36 * 16 * shape[1] * shape[2]].reshape(shape)
+
+
+@njit(cache=True)
+def _forward_row(row, U, params, images, acts, switches, batch, n0, n1):
+    """One program row's forward pass for samples n0 … n1−1 (U: its Winograd weights, if it has any)."""
     x, out = _input_of(row, images, acts, batch, n0, n1), _output_of(row, acts, batch, n0, n1)
     kind, relu = row[KIND], row[APPLY_RELU] == 1
     if kind == CONV:
@@ -132,7 +161,7 @@ def _forward_row(row, params, images, acts, switches, batch, n0, n1):
             switch = _output_of(row, switches, batch, n0, n1)
         else:
             switch = np.empty((n1 - n0, row[C_OUT], 0, 0), np.int64)
-        _conv_block_forward_chunk(x, W, b, row[STRIDE], row[PAD], relu, row[POOL_SIZE], row[POOL_STRIDE],
+        _conv_block_forward_chunk(x, W, U, b, row[STRIDE], row[PAD], relu, row[POOL_SIZE], row[POOL_STRIDE],
                                   out, switch, 0,
                                   conv_items(x, W, row[STRIDE], row[PAD], row[POOL_SIZE], row[POOL_STRIDE], False))
     elif kind == DENSE:
@@ -186,15 +215,17 @@ def _backward_row(row, params, images, acts, switches, grads, grad_copy, input_g
 
 
 @njit(cache=True)
-def _run_block(program, params, images, labels, acts, switches, grads, grad_copy, input_grad, batch, n0, n1,
-               forward, backward):
+def _run_block(program, prepared, prepared_at, params, images, labels, acts, switches, grads, grad_copy, input_grad,
+               batch, n0, n1, forward, backward):
     """Samples n0 … n1−1 through the whole network: forward (and the loss, when there are labels), then
-    backward. Returns the block's summed loss (0 without labels or without a forward pass)."""
+    backward. Returns the block's summed loss (0 without labels or without a forward pass). ``prepared``,
+    ``prepared_at``: the step's Winograd weights (``_winograd_rows``)."""
     loss = 0.0
     last = program[program.shape[0] - 1]
     if forward:
         for index in range(program.shape[0]):
-            _forward_row(program[index], params, images, acts, switches, batch, n0, n1)
+            _forward_row(program[index], _winograd_of(program[index], prepared, prepared_at[index]), params, images,
+                         acts, switches, batch, n0, n1)
         if labels.size > 0:
             logits = _output_of(last, acts, batch, n0, n1).reshape((n1 - n0, -1))
             dlogits = _output_of(last, grads, batch, n0, n1).reshape((n1 - n0, -1))
@@ -219,12 +250,13 @@ def run_blocks(program, params, images, labels, acts, switches, grads, grad_copi
     batch = images.shape[0]
     blocks = -(-batch // BLOCK_SAMPLES)
     workers = min(threads, blocks)
+    prepared, prepared_at = _winograd_rows(program, params)
     for worker in prange(workers):
         first, end = chunk_range(worker, workers, blocks)
         for block in range(first, end):
             n0, n1 = block * BLOCK_SAMPLES, min(batch, (block + 1) * BLOCK_SAMPLES)
-            loss = _run_block(program, params, images, labels, acts, switches, grads, grad_copies[block],
-                              input_grad, batch, n0, n1, forward, backward)
+            loss = _run_block(program, prepared, prepared_at, params, images, labels, acts, switches, grads,
+                              grad_copies[block], input_grad, batch, n0, n1, forward, backward)
             if forward:
                 block_losses[block] = loss
 
