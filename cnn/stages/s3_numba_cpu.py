@@ -1,8 +1,8 @@
 """Stage 3 ``numba-cpu``: the loops of stage 1, compiled by Numba, run on every core, and fused.
 
-The compiled loops live in ``kernels/cpu/`` (layout, pool, conv_pool, dense, elementwise, network,
-thread_pool), as the CUDA kernels of stages 4-7 live in ``kernels/``; this module turns a network
-into the program they run. What changes against stage 2:
+The compiled loops live in ``kernels/cpu/`` (layout, pool, conv_pool, conv_patches, winograd, dense,
+elementwise, network, thread_pool), as the CUDA kernels of stages 4-7 live in ``kernels/``; this module
+turns a network into the program they run. What changes against stage 2:
 
 - The loops come back — compiled. ``@njit`` turns loops into machine code, so a loop
   costs what it costs in C, and no im2col matrix is built. The convolution is written
@@ -311,8 +311,51 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    to memset a position (its conv 2 backward 0.60-0.62 against 0.58-0.60 ms at best, 3 runs: the store
    costs what the call did).
 
-The first call of the stage compiles its kernels: 40-43 s of CPU for the float32 step (2026-11-28; the
-first version: 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
+8. Fewer multiplications: Winograd's F(2 × 2, 5 × 5) (2026-11-28, a third session, load 0.8-1.5). 6 found
+   the forward's passes near what they can do and named fewer multiply-adds as the way toward half
+   PyTorch's time on AlexNet-small. ``kernels/cpu/winograd.py`` takes a 5 × 5 conv + 2 × 2 pool with at
+   least 16 channels in (AlexNet-small's conv 2 and 3; none of LeNet-5's) by Winograd's minimal
+   filtering: a 2 × 2 tile of outputs, one pooling window, from 36 products where the direct sum takes
+   100; conv 2 then needs 7.6 MFLOP a sample, transforms included, against the planes' 16.4 executed —
+   2.1x fewer on paper. Each path alone (``python benchmarks/conv_forward_paths.py``, 8 samples, 1
+   thread, 3 runs; x the planes' speed): conv 2 Winograd 1.29-1.41-1.41x (a window at a time
+   1.09-1.10-1.21x), conv 3 1.39-1.41-1.46x (windows 1.45-1.46-1.48x: alike); the weights' transform,
+   0.2 and 0.45 ms a layer, is done once a step for every block (``network._winograd_rows``). Less than
+   the arithmetic: the products are small matrix products (32 x 32 by a few hundred tiles, V and M kept
+   in L2), ``fma_4x4`` passes of 160 numbers at ~76 GFLOP/s where the planes' runs of thousands reach
+   ~86, and the transforms take a quarter of the time. Its first version gained little over the planes
+   (1.02-1.17x, 8 runs): perf put 26 % of its time in ``NRT_incref``/``NRT_decref``, 2,304 calls a
+   block each handed arrays and views; the passes are now inlined where they are called (Numba's
+   ``inline="always"``: no call, and the counts are pruned away; 1.6 % left). The inlined body takes the
+   caller's fastmath flags, so its callers carry SAFE_FASTMATH: without them the FMA loses its
+   contraction and the reductions their SIMD (tried on the stage's other kernels: LeNet-5 1.8x slower).
+   The step, ``--versions abca136,06dda2c`` and the reverse order, 1 thread, CPU time round by round:
+   AlexNet-small 0.87-0.94-0.95x and 0.92-0.94-1.01x (5 rounds each; its forward alone 0.83-0.86-0.91x,
+   6 rounds) — about 1.06x faster, the forward being half the step; LeNet-5 0.95-1.01-1.03x (6 rounds):
+   alike. Compiling the float32 step costs 6-11 s more (below). Against PyTorch after it (3 runs of
+   ``--model alexnet-small --repeats 20``, each ratio its run's own;
+   benchmarks/results/numba_vs_torch-alexnet-small-b128-no-competitor-vm-2026-11-28-winograd-run*.json)::
+
+       AlexNet-small b128   1 thread:  numba-cpu-fixed 90.9-91.5 ms, PyTorch 121.7-124.4    0.73-0.75
+                            2 threads: numba-cpu-fixed 47.0-47.8,    PyTorch 62.3-64.7      0.74-0.75
+
+   PyTorch's own step was slower on this day than in 6 (97-109 ms): part of the move from 0.82-0.87 is
+   its. Still not 0.5: the backward, half the step, is untouched (the winners' patches at ~40 GFLOP/s:
+   a dense Winograd would multiply the three quarters of dL/dz that pooling zeroes).
+
+   Tried and not kept in the same session: the patch backward's dx added straight into its K runs with
+   offsets (no v, no memset, no ``add_patch``), AlexNet-small's backward 1.02-1.06-1.07x slower (6
+   rounds; 6 found the same on LeNet-5); ``fma_4x4`` and ``dot_4x4`` inlined into the plane and window
+   kernels, their callers given SAFE_FASTMATH: LeNet-5 0.97-1.00-1.03x (6 rounds; the pairs left there
+   are few); BLOCK_NUMBERS 1024 and 2048 against 4096, each also at 512 bits (AlexNet-small's step 101.9,
+   97.0, 98.5 ms at 256 bits and 109.7, 102.7, 102.0 at 512, one run of 5 each: none faster). Not tried:
+   LeNet-5's conv 1 has 6 filters in two groups of four: the half-empty group's passes cost ~0.11 ms
+   forward and ~0.11 backward (its conv + pool timed alone with 4, 6 and 8 filters, batch 64); a pass
+   for two filters would save about half of that, ~0.1 ms, ~4 % of a step.
+
+The first call of the stage compiles its kernels: 51-58 s of CPU for the float32 step with the Winograd
+path (8), against 45-48 s without it (2026-11-28, 3 runs each, cold caches, taking turns; 40-43 s in an
+earlier session, the first version 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
 caller's own file: after editing a kernel in kernels/cpu/, delete kernels/cpu/__pycache__.)
 """
 
