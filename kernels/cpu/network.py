@@ -28,9 +28,9 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.cpu.conv_pool import _conv_block_backward_chunk, _conv_block_forward_chunk, conv_items
-from kernels.cpu.winograd import uses_winograd, weights_shape, winograd_weights
 from kernels.cpu.layout import SAFE_FASTMATH, add_dot_products, add_product, chunk_range
 from kernels.cpu.pool import maxpool_backward_kernel, maxpool_kernel
+from kernels.cpu.winograd import uses_winograd, weights_shape, weights_size, winograd_weights
 
 BLOCK_SAMPLES = 8      # samples a thread takes through the whole network at a time (fixed: results do not
                        # depend on the thread count); LeNet-5 batch 64 makes 8 blocks, 4 per thread on 2 cores
@@ -123,16 +123,17 @@ def _softmax_cross_entropy(logits, labels, batch, dlogits):
 
 
 @njit(cache=True)
-def _winograd_rows(program, params):
+def _winograd_rows(program, params, forward):
     """The Winograd weights (``winograd.winograd_weights``) of every conv row whose forward goes that way, once a
-    step for all the blocks, in one flat vector; and where each row's start (−1: none)."""
+    step for all the blocks, in one flat vector; and where each row's start (−1: none; none at all for a call
+    without a forward pass)."""
     starts, size = np.full(program.shape[0], -1, np.int64), 0
-    for index in range(program.shape[0]):
+    for index in range(program.shape[0] if forward else 0):
         row = program[index]
         if row[KIND] == CONV and uses_winograd(row[C_IN], row[H_IN], row[W_IN], row[KERNEL], row[STRIDE], row[PAD],
                                                row[POOL_SIZE], row[POOL_STRIDE]):
             starts[index] = size
-            size += 36 * 16 * -(-row[C_OUT] // 4) * -(-row[C_IN] // 4)
+            size += weights_size(row[C_OUT], row[C_IN])
     prepared = np.zeros(size, params.dtype)
     for index in range(program.shape[0]):
         if starts[index] >= 0:
@@ -146,8 +147,7 @@ def _winograd_of(row, prepared, start):
     """The row's Winograd weights in ``prepared`` (from ``start``; none when start < 0)."""
     if start < 0:
         return prepared[:0].reshape((0, 0, 0, 4, 4))
-    shape = weights_shape(row[C_OUT], row[C_IN])
-    return prepared[start:start + 36 * 16 * shape[1] * shape[2]].reshape(shape)
+    return prepared[start:start + weights_size(row[C_OUT], row[C_IN])].reshape(weights_shape(row[C_OUT], row[C_IN]))
 
 
 @njit(cache=True)
@@ -250,7 +250,7 @@ def run_blocks(program, params, images, labels, acts, switches, grads, grad_copi
     batch = images.shape[0]
     blocks = -(-batch // BLOCK_SAMPLES)
     workers = min(threads, blocks)
-    prepared, prepared_at = _winograd_rows(program, params)
+    prepared, prepared_at = _winograd_rows(program, params, forward)
     for worker in prange(workers):
         first, end = chunk_range(worker, workers, blocks)
         for block in range(first, end):

@@ -42,8 +42,8 @@ from kernels.cpu.pool import first_max_of_four
 POINTS = (0.0, 1.0, -1.0, 2.0, -2.0)     # where the polynomials are sampled (and ∞): small integers
 MIN_CHANNELS = 16        # fewer input channels: the transforms outweigh the products saved (LeNet-5's conv 2,
                          # 6 channels: ~1.1x fewer multiply-adds on paper; conv 1 of AlexNet-small, 3: more)
-TILE_NUMBERS = 1 << 18   # a block's transformed input V holds about this many numbers (a quarter of L2;
-                         # measured: twice as many alike, four times 1.4x slower, half 1.3x slower)
+TILE_NUMBERS = 1 << 18   # a block's transformed input V holds about this many numbers (1 MB in float32, half
+                         # this machine's L2; measured: twice as many alike, four times 1.4x slower, half 1.3x)
 
 # stage 3's 4 x 4 pass, inlined where it is called: a call hands over arrays, and Numba counts a reference
 # for each (an atomic increment and decrement); inlined, the counts are pruned away. The caller's fastmath
@@ -106,6 +106,15 @@ def uses_winograd(C, H, W, K, stride, pad, pool_size, pool_stride):
 def weights_shape(F, C):
     """The shape of U: (36 ξ, filter groups, channel groups, 4, 4)."""
     return 36, -(-F // 4), -(-C // 4), 4, 4
+
+
+@njit(cache=True)
+def weights_size(F, C):
+    """How many numbers U holds (``weights_shape``)."""
+    size = 1
+    for extent in weights_shape(F, C):
+        size *= extent
+    return size
 
 
 @njit(cache=True)
