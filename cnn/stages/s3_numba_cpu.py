@@ -355,8 +355,9 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
 
 The first call of the stage compiles its kernels: 51-58 s of CPU for the float32 step with the Winograd
 path (8), against 45-48 s without it (2026-11-28, 3 runs each, cold caches, taking turns; 40-43 s in an
-earlier session, the first version 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's cache is keyed by the
-caller's own file: after editing a kernel in kernels/cpu/, delete kernels/cpu/__pycache__.)
+earlier session, the first version 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's
+cache is keyed by the caller's own file: after editing a kernel in kernels/cpu/, delete
+kernels/cpu/__pycache__.)
 """
 
 from __future__ import annotations
