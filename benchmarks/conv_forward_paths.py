@@ -6,7 +6,7 @@ layer's shape, one thread: the planes (``conv_pool._plane_forward``), a pooling 
 
 The stage picks one path per layer (``conv_pool._conv_block_forward_chunk``); this times them all, as llm.c's
 dev/cuda files time their kernel versions. Every call takes ``--samples`` samples (8: a block of stage 3's
-network schedule); the Winograd column includes transforming the weights, which the stage does once a step
+network schedule); transforming the weights for Winograd, which the stage does once a step, is timed apart
 (``+ weights``). Prints, per layer, each path's median time and its speed against the planes (above 1:
 faster), and each path's largest difference from the planes (relative to their largest output).
 """
