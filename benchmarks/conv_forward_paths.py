@@ -5,7 +5,7 @@ layer's shape, one thread: the planes (``conv_pool._plane_forward``), a pooling 
     python benchmarks/conv_forward_paths.py [--repeats 20] [--samples 8]
 
 The stage picks one path per layer (``conv_pool._conv_block_forward_chunk``); this times them all, as llm.c's
-dev/cuda files time their kernel versions. Every call takes ``--samples`` samples (8: a block of stage 3's
+dev/cuda files time their kernel versions, the paths taking turns a call each. Every call takes ``--samples`` samples (8: a block of stage 3's
 network schedule); transforming the weights for Winograd, which the stage does once a step, is timed apart
 (``+ weights``). Prints, per layer, each path's median time and its speed against the planes (above 1:
 faster), and each path's largest difference from the planes (relative to their largest output).
@@ -52,12 +52,17 @@ def time_paths(channels, size, filters, samples, repeats, rng):
         "winograd": lambda out, switch: winograd_forward(x, U, b, 2, True, out, switch, 0, tile_blocks(x, 2)),
     }
     winograd_weights(W, U)
-    outputs, results = {}, {}
+    outputs = {name: np.empty(shape, np.float32) for name in paths}
+    switch = np.empty(shape, np.int64)
+    times = {name: [] for name in paths}
     for name, path in paths.items():
-        out, switch = np.empty(shape, np.float32), np.empty(shape, np.int64)
-        path(out, switch)
-        outputs[name] = out
-        results[name] = _median_ms(lambda: path(out, switch), repeats)
+        path(outputs[name], switch)
+    for _ in range(repeats):                       # the paths take turns, a call each
+        for name, path in paths.items():
+            start = time.perf_counter()
+            path(outputs[name], switch)
+            times[name].append(time.perf_counter() - start)
+    results = {name: 1e3 * float(np.median(values)) for name, values in times.items()}
     weights_ms = _median_ms(lambda: winograd_weights(W, U), repeats)
     scale = np.abs(outputs["planes"]).max()
     return {name: (results[name], float(np.abs(outputs[name] - outputs["planes"]).max() / scale))

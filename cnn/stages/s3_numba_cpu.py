@@ -317,9 +317,10 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    least 16 channels in (AlexNet-small's conv 2 and 3; none of LeNet-5's) by Winograd's minimal
    filtering: a 2 × 2 tile of outputs, one pooling window, from 36 products where the direct sum takes
    100; conv 2 then needs 7.6 MFLOP a sample, transforms included, against the planes' 16.4 executed —
-   2.1x fewer on paper. Each path alone (``python benchmarks/conv_forward_paths.py``, 8 samples, 1
-   thread, 3 runs; x the planes' speed): conv 2 Winograd 1.29-1.41-1.41x (a window at a time
-   1.09-1.10-1.21x), conv 3 1.39-1.41-1.46x (windows 1.45-1.46-1.48x: alike); the weights' transform,
+   2.1x fewer on paper. Each path alone (``python benchmarks/conv_forward_paths.py --repeats 40``, the
+   paths taking turns a call each, 8 samples, 1 thread, 3 runs; x the planes' speed): conv 2 Winograd
+   1.34-1.37-1.38x (a window at a time 1.00-1.01-1.04x), conv 3 1.43-1.44-1.52x (windows
+   1.37-1.37-1.40x); the weights' transform,
    0.2 and 0.45 ms a layer, is done once a step for every block (``network._winograd_rows``). Less than
    the arithmetic: the products are small matrix products (32 x 32 by a few hundred tiles, V and M kept
    in L2), ``fma_4x4`` passes of 160 numbers at ~76 GFLOP/s where the planes' runs of thousands reach

@@ -40,12 +40,17 @@ is pooled straight from the sixteen sums. Unlike the plane kernels (``conv_pool`
 output that straddles a row edge, but it gathers its patches and ends every dot product in a
 horizontal sum: it pays only where the planes waste much — K − 1 columns in Wp, a quarter or more —
 on long patches (``conv_pool.uses_windows``). Measured for one block of 8 samples, float32, one
-thread, the two taking turns (7 rounds; windows / planes, min-median-max)::
+thread, the two taking turns (7 rounds; windows / planes, min-median-max; when the rule was set, and
+again on 2026-11-28 after stage 3's reference-count changes, which sped the windows up more)::
 
-    AlexNet-small conv 3 (32 -> 64 channels, 8 x 8, Wp 12)      0.82-0.82-0.83   (0.92 -> 0.76 ms)
-    16 -> 32 channels, 12 x 12, pad 2 (Wp 16)                   0.88-0.88-0.90
-    AlexNet-small conv 2 (32 -> 32 channels, 16 x 16, Wp 20)    1.07-1.08-1.08   (planes kept)
-    16 -> 32 channels, 16 x 16, pad 2 (Wp 20)                   1.24-1.27-1.33   (planes kept)
+                                                                when set          2026-11-28
+    AlexNet-small conv 3 (32 -> 64 channels, 8 x 8, Wp 12)      0.82-0.82-0.83    0.73-0.74-0.75
+    16 -> 32 channels, 12 x 12, pad 2 (Wp 16)                   0.88-0.88-0.90    0.97-0.98-0.99
+    AlexNet-small conv 2 (32 -> 32 channels, 16 x 16, Wp 20)    1.07-1.08-1.08    0.94-0.95-0.97   (planes)
+    16 -> 32 channels, 16 x 16, pad 2 (Wp 20)                   1.24-1.27-1.33    1.01-1.04-1.05   (planes)
+
+AlexNet-small's conv 2 and 3 go by Winograd now (``winograd``: faster than both), so the rule, which
+leaves ~5 % on conv 2's table, decides only for layers Winograd does not take.
 
 Thread → data: the work items are samples; a call takes samples lo … hi−1, forward writes their pooled
 outputs and switches; backward adds their dW and db into the copies it is given (each thread its own),
