@@ -1,17 +1,13 @@
 """Stage 3's Winograd forward (kernels/cpu/winograd.py): its F(2 × 2, 5 × 5) matrices, the conv + pool against
 stage 2's ops, and benchmarks/conv_forward_paths.py's paths agreeing with each other."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from cnn.gradcheck import rel_error
 from cnn.stages.s2_numpy import NumpyStage
 from kernels.cpu import winograd
-
-ROOT = Path(__file__).resolve().parents[1]
+from test_reliability import load_script
 
 
 def test_the_matrices_give_the_correlation_in_one_and_two_dimensions():
@@ -60,9 +56,7 @@ def test_winograd_forward_equals_numpy(samples, channels, height, width, filters
 def test_the_benchmarks_paths_agree():
     """benchmarks/conv_forward_paths.py on AlexNet-small's conv 3 (one repeat): every path within float32
     rounding of the planes; and a bad flag is one line."""
-    spec = importlib.util.spec_from_file_location("conv_forward_paths", ROOT / "benchmarks" / "conv_forward_paths.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("conv_forward_paths")
     paths, _ = script.time_paths(32, 8, 64, 3, 1, np.random.default_rng())
     assert set(paths) == {"planes", "windows", "winograd"}
     assert all(difference < 2e-5 for _, difference in paths.values())

@@ -450,9 +450,7 @@ class World:
                 wait_until(lambda: self._completed(request), self.timeout, self.oversubscribed)
         except MPI.Exception:                 # the writer's or a peer's failure (ULFM): leave all the same
             pass
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        _exit_flushed(code)
 
 
 def finalize_within(patience: float, code: int) -> None:
@@ -472,9 +470,8 @@ def finalize_within(patience: float, code: int) -> None:
 
     def leave_without_finalize() -> None:
         print(f"MPI_Finalize did not return in {patience:g} s (a peer lost without this rank knowing it?): "
-              "leaving without it", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)
+              "leaving without it", file=sys.stderr)
+        _exit_flushed(code)
 
     watchdog = threading.Timer(patience, leave_without_finalize)
     watchdog.daemon = True
@@ -495,3 +492,10 @@ def _loaded_libmpi():
     except OSError:
         return None
     return ctypes.CDLL(min(paths)) if paths else None
+
+
+def _exit_flushed(code: int) -> None:
+    """The end of this process with ``code`` at once — no MPI_Finalize, no Python shutdown — its output flushed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
