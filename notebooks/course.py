@@ -133,7 +133,7 @@ def show_recorded_bench(model: str = "lenet5", batch: int = 64, stages=(), plots
 
 def show_findings(*names: str) -> None:
     """The paragraphs of ``cnn.bench.findings`` (all, or those named: "first_port", "launch_bound", "graph",
-    "alexnet", "training"), every figure read from the committed files, with links to them."""
+    "alexnet", "training", "fused_net"), every figure read from the committed files, with links to them."""
     from IPython.display import Markdown, display
     from cnn.bench import findings
 
@@ -143,40 +143,43 @@ def show_findings(*names: str) -> None:
 
 
 def show_ablations() -> None:
-    """Stage 7's newest ablation of each network: the table and the picture, named by device, date and file."""
+    """Stage 7's newest complete ablation of each network (every fix), then those of only some fixes timed since
+    (``--fixes``): the table and the picture, named by device, date and file."""
     from IPython.display import Markdown, display
     from cnn import plots
     from cnn.bench.recorded import ablations
     from cnn.bench.tables import ablation_table
 
-    newest = {}
-    for path, result in ablations(BENCH_RESULTS):
-        newest[(result["model"], result["batch_size"])] = (path, result)      # files come oldest first
-    if not newest:
+    runs = {}
+    for path, result in ablations(BENCH_RESULTS):                             # files come oldest first
+        runs.setdefault((result["model"], result["batch_size"]), []).append((path, result))
+    if not runs:
         print("no ablation recorded yet: run `python -m cnn bench --ablation` on a GPU")
-    for (model, batch), (path, result) in sorted(newest.items(), key=lambda item: item[0][0] != "lenet5"):
-        display(Markdown(f"**{model}, batch {batch}** — {_source(path, result)}\n\n"
-                         + ablation_table([(f"{model} b{batch}", result)])))
-        display(plots.ablation_plot(result, save_to=None))
+    for (model, batch), found in sorted(runs.items(), key=lambda item: item[0][0] != "lenet5"):
+        most_rows = max(len(result["rows"]) for _, result in found)
+        complete = max(index for index, (_, result) in enumerate(found) if len(result["rows"]) == most_rows)
+        for path, result in found[complete:]:
+            display(Markdown(f"**{model}, batch {batch}** — {_source(path, result)}\n\n"
+                             + ablation_table([(f"{model} b{batch}", result)])))
+            display(plots.ablation_plot(result, save_to=None))
 
 
-def show_kernel_profiles(model: str | None = None) -> None:
-    """Every Nsight Compute profile recorded (of ``model`` only, if given): its per-kernel table."""
+def show_kernel_profiles(model: str | None = None, stage: str | None = None) -> None:
+    """Every Nsight Compute profile recorded (of ``model`` and ``stage`` only, if given): its per-kernel table."""
     from IPython.display import Markdown, display
-    from cnn.bench.nsight import kernel_summary
+    from cnn.bench.nsight import kernel_summary, share_words
     from cnn.bench.recorded import ncu_profiles
     from cnn.bench.tables import kernel_table
 
-    profiles = [p for p in ncu_profiles(BENCH_RESULTS) if model in (None, p["model"])]
+    profiles = [p for p in ncu_profiles(BENCH_RESULTS) if model in (None, p["model"]) and stage in (None, p["stage"])]
     if not profiles:
         print("no Nsight Compute profile recorded yet: benchmarks/gpu_session.sh ncu, on a GPU")
     for profile in profiles:
         summary = kernel_summary(profile["path"])
         display(Markdown(f"**{profile['stage']}, {profile['model']} b{profile['batch']}** — {profile['device']}, "
                          f"{profile['date']}{', commit ' + profile['tag'] if profile['tag'] else ''} — "
-                         f"{_link(profile['path'])}: {summary['total_us'] / 1e3:.3g} ms of kernel time a step, "
-                         f"{100 * summary['shares']['conv backward']:.0f} % of it in the convolutions' backward "
-                         f"pass\n\n{kernel_table(summary)}"))
+                         f"{_link(profile['path'])}: {summary['total_us'] / 1e3:.3g} ms of kernel time a step: "
+                         f"{share_words(summary['shares'])}\n\n{kernel_table(summary)}"))
 
 
 def probe(name: str) -> float:

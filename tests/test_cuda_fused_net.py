@@ -231,8 +231,7 @@ def test_predicted_figures_in_the_docstring_are_what_the_cost_model_gives():
     import cnn.stages.s8_cuda_fused_net as s8
 
     for label, net, batch in [("LeNet-5 b64", lenet5(), 64), ("AlexNet-small b128", alexnet_small(), 128)]:
-        samples = layer_table(net).samples_for(batch, H100_SHARED_LIMIT, 132)
-        low, high = predict(layer_table(net), net.num_params, batch, samples, GPU_THREADS).step_ms
+        low, high = s8.predicted_step(net, batch).step_ms
         line = next(line for line in s8.__doc__.splitlines() if line.strip().startswith(label))
         assert line.split()[-3:] == [f"{low:.2f}", "–", f"{high:.2f}"], line
 

@@ -103,6 +103,38 @@ def test_nsight_csv_is_summed_per_training_step(tmp_path):
         nsight.kernel_summary(path)
 
 
+def test_a_fused_step_is_one_share_and_stage_7s_block_keeps_to_stage_7(tmp_path):
+    """Stage 8's profile is not split by layer: its summary names the fused kernels' share, and stage 7's docstring
+    block lists only cuda-tuned's profiles."""
+    lines = [NCU_HEADER]
+    for launch, (kernel, ns) in enumerate([("fused_net_step_kernel", "900"), ("sum_sgd_kernel", "60"),
+                                           ("sgd_momentum_kernel", "40")]):
+        lines.append(ncu_line(launch, kernel, "gpu__time_duration.sum", ns))
+    fused = tmp_path / "ncu-cuda-fused-net-lenet5-b64-nvidia-h200-2026-11-28.csv"
+    fused.write_text("\n".join(lines) + "\n")
+    summary = nsight.kernel_summary(fused)
+    assert summary["shares"]["fused step"] == pytest.approx(0.96)
+    assert nsight.share_words(summary["shares"]) == "the fused kernels 96 %"
+    assert "cuda-fused-net" not in docs.stage7_block(tmp_path, tmp_path)
+    shutil.copy(RESULTS / f"ncu-cuda-tuned-lenet5-b64-{H100.split('processor-')[1]}.csv", tmp_path)
+    block = docs.stage7_block(tmp_path, tmp_path)
+    assert "ncu-cuda-tuned-lenet5" in block and "ncu-cuda-fused-net" not in block and "conv backward" in block
+
+
+def test_stage_8_against_pytorch_follows_the_numbers(tmp_path):
+    """Slow stage 8 down in a copy of the H200 run below PyTorch's graph: it is no longer called the fastest, and
+    the row says slower."""
+    name = "bench-lenet5-b64-intel-xeon-processor-nvidia-h200-2026-11-28-fused-net.json"
+    assert "is the fastest way to train both networks" in findings.finding_fused_net(RESULTS)
+    copied = json.loads((RESULTS / name).read_text())
+    recorded.row(copied, "cuda-fused-net")["back_to_back_ms"].update(median=0.5, min=0.5, max=0.5)
+    (tmp_path / name).write_text(json.dumps(copied))
+    turned = findings.finding_fused_net(tmp_path)
+    assert "is not the fastest way to train LeNet-5" in turned
+    assert "2.00× slower than PyTorch as one CUDA graph (0.250 ms)" in turned
+    assert "0.500 ms a step" in turned and "above" in docs.stage8_block(tmp_path, tmp_path)
+
+
 def test_findings_follow_the_numbers(tmp_path):
     """Make stage 4 faster than stage 3 in a copy of the first H100 run: the sentence turns around."""
     name = f"bench-lenet5-b64-{H100}-f5350bb.json"

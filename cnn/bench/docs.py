@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cnn.bench import recorded
 from cnn.bench.findings import LENET, ALEXNET, NETWORK_NAMES, findings
-from cnn.bench.nsight import kernel_summary
+from cnn.bench.nsight import kernel_summary, share_words
 from cnn.bench.readme import plots_of, published_results, relative_link, replace_between_markers, tables_body
 from cnn.bench.results import RESULTS_DIR, load_results, run_tag
 from cnn.bench.tables import ablation_table, back_to_back_table, kernel_table, markdown
@@ -45,6 +45,14 @@ def session(path, created: str = "") -> str:
     return created.replace("T", " ")[:16] if created else "the later run of that day"
 
 
+def profile_session(profile: dict, profiles: list[dict]) -> str:
+    """``session`` for a Nsight Compute profile: said only where the same device profiled the same stage and
+    network twice that day (a tagged run and a later one); '' otherwise."""
+    twins = [other for other in profiles if all(other[key] == profile[key]
+                                                for key in ("stage", "model", "batch", "device", "date"))]
+    return session(profile["path"]) if len(twins) > 1 else ""
+
+
 # == docs/benchmarks.md =========================================================================
 
 def bench_tables_block(out_dir, page: Path) -> str:
@@ -69,17 +77,16 @@ def findings_block(out_dir, page: Path) -> str:
 
 def kernels_block(out_dir, page: Path) -> str:
     """Every Nsight Compute profile: the per-kernel table of one training step, and its summary line."""
-    parts = []
-    for profile in recorded.ncu_profiles(out_dir):
+    parts, profiles = [], recorded.ncu_profiles(out_dir)
+    for profile in profiles:
         summary = kernel_summary(profile["path"])
-        shares = summary["shares"]
+        run = profile_session(profile, profiles)
         parts += [f"**{profile['stage']}, {label(profile['model'], profile['batch'])}** — "
-                  f"{profile['device']}, {profile['date']}, {session(profile['path'])} "
+                  f"{profile['device']}, {profile['date']}{', ' + run if run else ''} "
                   f"([`{profile['path'].name}`]({relative_link(profile['path'], page)}); {summary['steps']} "
                   f"step{'s' if summary['steps'] > 1 else ''} profiled, per step below): "
-                  f"{fmt_ms(summary['total_us'] / 1e3)} ms of kernel time, the convolutions' backward pass "
-                  f"{100 * shares['conv backward']:.0f} %, their forward pass {100 * shares['conv forward']:.0f} %, "
-                  f"the dense layers {100 * shares['dense']:.0f} %.", "", kernel_table(summary), ""]
+                  f"{fmt_ms(summary['total_us'] / 1e3)} ms of kernel time, {share_words(summary['shares'])}.",
+                  "", kernel_table(summary), ""]
     return "\n".join(parts).strip() or "No Nsight Compute profile in the results files yet."
 
 
@@ -124,13 +131,13 @@ def pytorch_block(out_dir, page: Path) -> str:
 
 def training_block(out_dir, page: Path) -> str:
     rows = []
-    for stage in ("cuda-fused", "cuda-tuned"):
+    for stage in ("cuda-fused", "cuda-tuned", "cuda-fused-net"):
         for path, history in recorded.training_runs(stage, out_dir):
             epochs = history["epochs"]
             first = epochs[0]["train_seconds"]
             later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
-            rows.append([f"`{stage}`", session(path), str(len(epochs)), f"{history['final_test_accuracy']:.2%}",
-                         f"{first:.1f}", f"{later:.2f}", f"[`{path.name}`]({relative_link(path, page)})"])
+            rows.append([f"`{stage}`", recorded.run_in_name(path), str(len(epochs)), f"{history['final_test_accuracy']:.2%}",
+                         f"{first:.1f}", f"{later:.3g}", f"[`{path.name}`]({relative_link(path, page)})"])
     return markdown(["stage", "run", "epochs", "test accuracy", "first epoch, s (compiles)", "later epochs, s each",
                      "file"], rows) if rows else "No GPU training run in the results files yet."
 
@@ -188,17 +195,73 @@ def stage7_block(out_dir, page: Path) -> str:
                   f"argument, {figures['launch_8_arrays_us']['value']:g} µs with eight; a CUDA graph replays",
                   f"    {figures['graph_replay_us_per_kernel']['value']:g} µs a kernel ({content['device']}, "
                   f"{content['created']}: {path.as_posix()})", ""]
-    for profile in recorded.ncu_profiles(out_dir):
-        summary = kernel_summary(profile["path"])
-        shares = summary["shares"]
-        lines += [f"    {label(profile['model'], profile['batch'])}, {session(profile['path'])}: "
-                  f"{fmt_ms(summary['total_us'] / 1e3)} ms of kernel time a step; conv backward "
-                  f"{100 * shares['conv backward']:.0f} %, conv forward {100 * shares['conv forward']:.0f} %, "
-                  f"dense {100 * shares['dense']:.0f} %", f"        ({profile['path'].as_posix()})"]
+    profiles = recorded.ncu_profiles(out_dir)
+    for profile in (profile for profile in profiles if profile["stage"] == "cuda-tuned"):
+        summary, run = kernel_summary(profile["path"]), profile_session(profile, profiles)
+        lines += [f"    {label(profile['model'], profile['batch'])}, {profile['device']}, {profile['date']}"
+                  f"{', ' + run if run else ''}: "
+                  f"{fmt_ms(summary['total_us'] / 1e3)} ms of kernel time a step; "
+                  f"{share_words(summary['shares'], short=True)}", f"        ({profile['path'].as_posix()})"]
     return "\n".join(lines).rstrip() or "No GPU measurement in the results files yet."
 
 
 STAGE7 = Path("cnn/stages/s7_cuda_tuned.py")
+STAGE8 = Path("cnn/stages/s8_cuda_fused_net.py")
+
+
+def against_range(measured: float, low: float, high: float) -> str:
+    return "below" if measured < low else "above" if measured > high else "within"
+
+
+def stage8_block(out_dir, page: Path) -> str:
+    """Stage 8 measured beside its PREDICTED figures: the step back to back against stage 7 and PyTorch as one
+    CUDA graph (the newest GPU benchmark timing all three), kernel 1 under Nsight Compute, 10 epochs of MNIST."""
+    from cnn.model import get_network
+    from cnn.stages.s8_cuda_fused_net import predicted_step
+
+    needs = {"cuda-fused-net": ["back_to_back_ms"], "cuda-tuned": ["back_to_back_ms"], "torch-cuda": ["graph_ms"]}
+    lines = []
+    for model, batch in (LENET, ALEXNET):
+        found = recorded.bench_with(model, batch, needs, out_dir)
+        if found is None:
+            continue
+        path, result = found
+        fused = recorded.row(result, "cuda-fused-net")["back_to_back_ms"]
+        tuned = recorded.row(result, "cuda-tuned")["back_to_back_ms"]["median"]
+        graph = recorded.row(result, "torch-cuda")["graph_ms"]["median"]
+        low, high = predicted_step(get_network(model), batch).step_ms
+        if not lines:
+            lines += [f"Measured on {recorded.gpu_name(result)}, {result['created'][:10]} (python -m cnn bench; ms a "
+                      f"training step, steps back to back, median of {fused['n']} runs and their range):", "",
+                      f"    {'':<20}{'stage 7':>8}{'PyTorch graph':>15}   {'cuda-fused-net':<22}PREDICTED (H100)"]
+        measured = f"{fmt_ms(fused['median'])} ({fmt_ms(fused['min'])}–{fmt_ms(fused['max'])})"
+        lines += [f"    {label(model, batch):<20}{fmt_ms(tuned):>8}{fmt_ms(graph):>15}   {measured:<22}"
+                  f"{low:.2f} – {high:.2f}: {against_range(fused['median'], low, high)}",
+                  f"        ({path.as_posix()})"]
+    if not lines:
+        return "No GPU benchmark of stage 8 beside stage 7 and PyTorch in the results files yet."
+    kernels = []
+    for profile in recorded.ncu_profiles(out_dir):
+        if profile["stage"] == "cuda-fused-net":
+            kernel_1 = next(row for row in kernel_summary(profile["path"])["kernels"]
+                            if row["kernel"] == "fused_net_step_kernel")
+            low, high = predicted_step(get_network(profile["model"]), profile["batch"]).kernel_1_us
+            kernels += [f"    {label(profile['model'], profile['batch']):<20}{kernel_1['us']:>6.0f} µs   PREDICTED "
+                        f"{low:.0f} – {high:.0f} µs: {against_range(kernel_1['us'], low, high)}  "
+                        f"({profile['device']}, {profile['date']})", f"        ({profile['path'].as_posix()})"]
+    if kernels:
+        lines += ["", "Kernel 1 alone, Nsight Compute (its default replay flushes the caches before the kernel):", "",
+                  *kernels]
+    training = recorded.training_run("cuda-fused-net", out_dir)
+    if training:
+        path, history = training
+        epochs = history["epochs"]
+        first = epochs[0]["train_seconds"]
+        later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+        lines += ["", f"Training, {len(epochs)} epochs of MNIST (LeNet-5, batch {history['config']['batch_size']}): "
+                      f"{history['final_test_accuracy']:.2%} test accuracy,", f"    {later:.3g} s of training an epoch "
+                      f"after the first ({first:.1f} s: it compiles every kernel)", f"        ({path.as_posix()})"]
+    return "\n".join(lines)
 
 
 def static_block(out_dir, page: Path) -> str:
@@ -223,6 +286,7 @@ BLOCKS = ((BENCHMARKS, "bench-tables", bench_tables_block), (BENCHMARKS, "gpu-fi
           (PROFILING, "ablation", ablation_block), (PROFILING, "pytorch", pytorch_block),
           (PROFILING, "training", training_block), (PROFILING, "copies", copies_block),
           (STAGE5, "gpu-table", stage5_block), (STAGE7, "gpu-profile", stage7_block),
+          (STAGE8, "gpu-measured", stage8_block),
           (PROFILING, "static-sm90", static_block), (PROFILING, "prediction", prediction_block),
           (STAGE7, "prediction", stage7_prediction_block))
 

@@ -91,9 +91,12 @@ def finding_launch_bound(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
 def finding_graph(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
     """What stage 7's cuda-graph fix bought, and where cuda-tuned stands against PyTorch."""
     lenet = recorded.ablation_with(*LENET, "+ cuda-graph alone", out_dir)
+    if lenet is None:
+        return None
     bench = recorded.bench_with(*LENET, {"cuda-tuned": ["back_to_back_ms"],
-                                         "torch-cuda": ["back_to_back_ms", "graph_ms"]}, out_dir)
-    if lenet is None or bench is None:
+                                         "torch-cuda": ["back_to_back_ms", "graph_ms"]}, out_dir,
+                                device=recorded.gpu_name(lenet[1]))       # the ablation's GPU, not another's
+    if bench is None:
         return None
     path, result = lenet
     alone = recorded.ablation_row(result, "+ cuda-graph alone")
@@ -138,7 +141,8 @@ def finding_alexnet(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
     path, result = bench
     ours, eager = b2b(result, "cuda-tuned"), b2b(result, "torch-cuda")
     graph = recorded.row(result, "torch-cuda")["graph_ms"]["median"]
-    text = (f"**AlexNet-small's tiled convolutions are slow in device time.** `cuda-tuned` takes {fmt_ms(ours)} ms "
+    text = (f"**On AlexNet-small, stage 7's kernels are {faster_or_slower(ours, graph).split()[0]} than PyTorch's in "
+            f"device time.** On the {recorded.gpu_name(result)}, `cuda-tuned` takes {fmt_ms(ours)} ms "
             f"a step back to back — one graph launch a step, so this is the GPU's own time — against PyTorch's "
             f"{fmt_ms(eager)} ms eager and {fmt_ms(graph)} ms as one graph ({ratio(ours, graph)} the time of PyTorch's graph; "
             f"{link(path)}).")
@@ -156,7 +160,9 @@ def finding_alexnet(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
         text += (f" The fix `tiled-conv`, which replaced the direct convolution kernels by tiled implicit matrix "
                  f"products, {verdict(factors)}: {'; '.join(parts)} "
                  f"(below 1×: slower).")
-    profiles = [p for p in recorded.ncu_profiles(out_dir) if (p["model"], p["batch"]) == ALEXNET]
+    device = recorded.gpu_name(result).lower().replace(" ", "-")
+    profiles = [p for p in recorded.ncu_profiles(out_dir)
+                if (p["stage"], p["model"], p["batch"], p["device"]) == ("cuda-tuned", *ALEXNET, device)]
     if profiles:
         profile = kernel_summary(profiles[-1]["path"])
         top = max(profile["kernels"], key=lambda k: k["share"])
@@ -165,6 +171,43 @@ def finding_alexnet(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
                  f"pass; the largest kernel, `{top['kernel']}` — {top['role']} — takes {100 * top['share']:.0f} % "
                  f"at {top['sm_percent'][0]:.0f}–{top['sm_percent'][1]:.0f} % of the SMs' peak throughput "
                  f"({link(profiles[-1]['path'])}).")
+    return text
+
+
+def finding_fused_net(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
+    """Stage 8 against stage 7 and PyTorch (eager and as one CUDA graph), both networks; its 10 epochs of MNIST."""
+    needs = {"cuda-fused-net": ["back_to_back_ms"], "cuda-tuned": ["back_to_back_ms"],
+             "torch-cuda": ["back_to_back_ms", "graph_ms"]}
+    found = [(model, batch, bench) for model, batch in (LENET, ALEXNET)
+             if (bench := recorded.bench_with(model, batch, needs, out_dir))]
+    if not found:
+        return None
+    parts, fastest = [], True
+    for model, batch, (path, result) in found:
+        fused = b2b(result, "cuda-fused-net")
+        others = {"PyTorch as one CUDA graph": recorded.row(result, "torch-cuda")["graph_ms"]["median"],
+                  "PyTorch eager": b2b(result, "torch-cuda"), "stage 7": b2b(result, "cuda-tuned")}
+        fastest = fastest and all(fused < other for other in others.values())
+        against = ", ".join(f"{ratio(max(fused, other), min(fused, other))} {faster_or_slower(fused, other)} "
+                            f"{name} ({fmt_ms(other)} ms)" for name, other in others.items())
+        spread = recorded.row(result, "cuda-fused-net")["back_to_back_ms"]
+        parts.append(f"{NETWORK_NAMES[model]} b{batch} on the {recorded.gpu_name(result)}: {fmt_ms(fused)} ms a step "
+                     f"({fmt_ms(spread['min'])}–{fmt_ms(spread['max'])} over {spread['n']} runs), {against} "
+                     f"({link(path)})")
+    networks = "both networks" if len(found) == 2 else NETWORK_NAMES[found[0][0]]
+    claim = (f"the fastest way to train {networks}" if fastest else
+             f"not the fastest way to train {networks} in every row below")
+    text = (f"**Stage 8 `cuda-fused-net`, the whole step in three kernels, is {claim}.** Steps back to back, as "
+            f"training runs them: {'; '.join(parts)}.")
+    training = recorded.training_run("cuda-fused-net", out_dir)
+    if training:
+        path, history = training
+        epochs = history["epochs"]
+        first = epochs[0]["train_seconds"]
+        later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+        text += (f" {len(epochs)} epochs of MNIST reached {history['final_test_accuracy']:.2%} test accuracy at "
+                 f"{later:.3g} s of training an epoch after the first ({first:.1f} s, which compiles every kernel; "
+                 f"{link(path)}).")
     return text
 
 
@@ -183,7 +226,8 @@ def finding_training(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
             f"{later:.2f} s ({link(path)}).")
 
 
-FINDINGS = (finding_first_port, finding_launch_bound, finding_graph, finding_alexnet, finding_training)
+FINDINGS = (finding_first_port, finding_launch_bound, finding_graph, finding_alexnet, finding_training,
+            finding_fused_net)
 
 
 def findings(out_dir=RESULTS_DIR, link=plain_link) -> list[str]:

@@ -229,7 +229,8 @@ def table_notes(data: dict, link) -> list[str]:
                           if cell["how"] == PREDICTED})
         notes.append(f"PREDICTED: a step time computed from the kernels' machine code without running them on that "
                      f"GPU (`python -m cnn bench --predict`, commit {', '.join(commits)}; as one CUDA graph where the "
-                     f"stage replays one), for the stages whose code as it is now no GPU has run; never a measurement.")
+                     f"stage replays one), for the stages whose code as it is now that GPU has not run (another GPU may "
+                     f"have: its column says); never a measurement.")
     notes.append("From " + ", ".join(link(path) for path in files) + ".")
     return notes
 

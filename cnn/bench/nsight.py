@@ -8,7 +8,8 @@ few training steps of ``cuda-tuned`` (``python -m cnn bench --profile``). The fi
 Steps: every training step ends with exactly one SGD launch (``sgd_momentum_kernel``), so the
 profiled steps are counted as its launches. Each kernel's *role* — what part of the step it
 computes — comes from its name (``KERNEL_ROLES``); the roles starting with "conv backward" add up
-to the share the convolution's backward pass takes.
+to the share the convolution's backward pass takes, those starting with "fused step" to stage 8's
+(which computes every layer in one kernel, so its time is not split by layer).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ KERNEL_ROLES = {
     "dense_softmax_xent_kernel": "last dense + softmax + loss",
     "zero_pair_kernel": "zeroing the gradient buffers",
     "sgd_momentum_kernel": "SGD update",
+    "fused_net_step_kernel": "fused step: every layer forward, the loss, every layer backward",
+    "sum_sgd_kernel": "fused step: the blocks' dW partials summed (back to back: and the SGD update)",
 }
 STEP_KERNEL = "sgd_momentum_kernel"
 TIME, SM, GRID, BLOCK = ("gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -101,11 +104,27 @@ def kernel_summary(path) -> dict:
             "shares": role_shares(rows)}
 
 
+LAYER_GROUPS = ("conv backward", "conv forward", "dense", "fused step")
+
+
 def role_shares(rows) -> dict:
-    """Share of the kernel time of each kind of work: conv forward, conv backward, dense, the rest."""
-    groups = {"conv backward": 0.0, "conv forward": 0.0, "dense": 0.0, "other": 0.0}
+    """Share of the kernel time of each kind of work: conv forward, conv backward, dense, the fused step, the rest."""
+    groups = dict.fromkeys((*LAYER_GROUPS, "other"), 0.0)
     for row in rows:
-        group = next((name for name in ("conv backward", "conv forward", "dense") if row["role"].startswith(name)),
-                     "other")
+        group = next((name for name in LAYER_GROUPS if row["role"].startswith(name)), "other")
         groups[group] += row["share"]
     return groups
+
+
+def share_words(shares: dict, short: bool = False) -> str:
+    """Where a step's kernel time goes, in words: 'the convolutions' backward pass 57 %, their forward pass
+    16 %, the dense layers 23 %' (``short``: 'conv backward 57 %, conv forward 16 %, dense 23 %'); for a
+    step fused into one kernel, that kernel's share, since it is not split by layer."""
+    percent = {name: f"{100 * share:.0f} %" for name, share in shares.items()}
+    if shares["fused step"] > 0:
+        return f"{'fused' if short else 'the fused kernels'} {percent['fused step']}"
+    if short:
+        return (f"conv backward {percent['conv backward']}, conv forward {percent['conv forward']}, "
+                f"dense {percent['dense']}")
+    return (f"the convolutions' backward pass {percent['conv backward']}, their forward pass "
+            f"{percent['conv forward']}, the dense layers {percent['dense']}")

@@ -210,9 +210,10 @@ def docs_block(out_dir, page: Path) -> str:
         parts += [f"Nsight Compute's {len(kernels)} kernel launches: predicted / measured {min(ratios):.2f}–"
                   f"{statistics.median(ratios):.2f}–{max(ratios):.2f}× (min–median–max), {within} within 2×. "
                   f"A kernel is harder to predict than a step, whose errors partly cancel.", ""]
-    predicted = result["predicted"]
-    parts += ["**PREDICTED for this checkout** (not measured: `sh benchmarks/gpu_session.sh predict` measures every "
-              "figure below on a GPU and writes them beside these):", "",
+    predicted, compared = result["predicted"], measured_since(out_dir, page)
+    parts += ["**PREDICTED for this checkout** (" + ("measured since on a GPU: the table after these" if compared else
+              "not measured: `sh benchmarks/gpu_session.sh predict` measures every figure below on a GPU and writes "
+              "them beside these") + "):", "",
               markdown(["stage", "network", "PREDICTED phase by phase, ms", "PREDICTED back to back, ms",
                         "PREDICTED as one CUDA graph, ms"],
                        [[f"`{s['stage']}`" + (" ¹" if s.get("unmodelled") else "") + (" ²" if s.get("own_models") else ""),
@@ -232,7 +233,30 @@ def docs_block(out_dir, page: Path) -> str:
                         "× what tiled-conv buys (PREDICTED)"],
                        [[t["variant"], names(t["model"], t["batch_size"]), f"{t['baseline_ms']:.3g}", f"{t['ms']:.3g}",
                          times(t["speedup_vs_baseline"])] for t in predicted["tiled_conv"]])]
-    return "\n".join(parts)
+    return "\n".join(parts + ([""] + compared if compared else []))
+
+
+def measured_since(out_dir, page: Path) -> list[str]:
+    """The newest ``predict-vs-measured-*.json`` (``--predict --vs-measured``) as lines of Markdown: each PREDICTED
+    figure beside what a GPU measured; [] when none exists."""
+    from cnn.bench.readme import relative_link
+    from cnn.bench.tables import markdown
+
+    found = sorted(Path(out_dir).glob("predict-vs-measured-*.json"), key=lambda path: json.loads(path.read_text())["created"])
+    if not found:
+        return []
+    path, result = found[-1], json.loads(found[-1].read_text())
+    ratios = [row["ratio"] for row in result["rows"]]
+    within = sum(1 for ratio in ratios if 1 / 1.5 <= ratio <= 1.5)
+    return [f"**The PREDICTED figures above, measured** on the {result['device']}, {result['created'][:10]} "
+            f"([`{path.name}`]({relative_link(path, page)}); predicted for the H100 at commit "
+            f"{result['prediction_commit']}, measured at commit {result['commit']}): predicted / measured "
+            f"{min(ratios):.2f}–{statistics.median(ratios):.2f}–{max(ratios):.2f}× (min–median–max), {within} of "
+            f"{len(ratios)} within 1.5×. The H200 has the H100's 132 SMs at the same clock, with more and faster "
+            f"memory.", "",
+            markdown(["stage", "network", "timing", "PREDICTED", "measured", "predicted / measured", "file"],
+                     [[row["stage"], row["model"], row["timing"], f"{row['predicted_ms']:.3g}",
+                       f"{row['measured_ms']:.3g}", times(row["ratio"]), f"`{row['file']}`"] for row in result["rows"]])]
 
 
 def own_models_note(stages: list[dict], names) -> str:

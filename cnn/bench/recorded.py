@@ -96,19 +96,26 @@ def row(result: dict, name: str) -> dict | None:
     return next((r for r in result["stages"] + result["references"] if r["name"] == name), None)
 
 
-def bench_with(model: str, batch: int, needs: dict, out_dir=RESULTS_DIR, gpu: bool = True):
-    """(path, result) of the newest bench file of ``model`` at ``batch`` (on a GPU, or not) in which every
-    row named in ``needs`` exists and has the keys listed for it, e.g. {"cuda-tuned": ["back_to_back_ms"]};
-    None when no file does."""
+def bench_with(model: str, batch: int, needs: dict, out_dir=RESULTS_DIR, gpu: bool = True, device: str = ""):
+    """(path, result) of the newest bench file of ``model`` at ``batch`` (on a GPU, or not; on the GPU named
+    ``device`` if given) in which every row named in ``needs`` exists and has the keys listed for it, e.g.
+    {"cuda-tuned": ["back_to_back_ms"]}; None when no file does."""
     found = None
     for path, result in quiet_bench_results(out_dir):
         config = result["config"]
         if (config["model"], config["batch_size"], bool(result["machine"].get("gpu"))) != (model, batch, gpu):
             continue
+        if device and gpu_name(result) != device:
+            continue
         rows = {name: row(result, name) for name in needs}
         if all(rows[name] is not None and all(rows[name].get(key) for key in keys) for name, keys in needs.items()):
             found = (path, result)             # files come oldest first: the last match is the newest
     return found
+
+
+def gpu_name(result: dict) -> str:
+    """The GPU a results file was measured on ('NVIDIA H200'), '' for a CPU-only machine."""
+    return ((result.get("machine") or {}).get("gpu") or {}).get("name", "")
 
 
 def _json_files(out_dir, pattern: str) -> list[tuple[Path, dict]]:
@@ -184,9 +191,10 @@ def probe(name: str, out_dir=RESULTS_DIR) -> float:
 def predictions(model: str, batch: int, out_dir=RESULTS_DIR) -> list[dict]:
     """The PREDICTED H100 step times of ``model`` at ``batch`` that no measurement stands for: from the prediction
     file (``python -m cnn bench --predict``, ``cnn.bench.predict_report``; its "predicted" → "stages"), every
-    CUDA stage whose code as it is now no GPU has run — none of the measurements the file was checked against
-    (its "calibration" → "steps") timed the whole stage with this checkout's kernels. Stage 8 is such a stage
-    until a GPU runs it; stage 7 too, after the kernels its last measurement ran were changed.
+    CUDA stage whose code as it is now the H100 has not run — none of the measurements the file was checked
+    against (its "calibration" → "steps") timed the whole stage with this checkout's kernels. Stage 8 is such
+    a stage until an H100 runs it (an H200 did); stage 7 too, after the kernels its last measurement ran were
+    changed.
 
     A stage is predicted as training runs it: as one CUDA graph where it replays one, else back to back.
     [{"stage", "ms", "timing", "device", "date", "commit", "path"}]; none without the file. A prediction is a
@@ -234,6 +242,14 @@ def training_runs(stage: str, out_dir=RESULTS_DIR) -> list[tuple[Path, dict]]:
         if date and "nvidia" in path.name and history.get("config", {}).get("stage") == stage:
             found.append(((date.group(0), run_tag(path) == "", path.name), path, history))
     return [(path, history) for _, path, history in sorted(found, key=lambda item: item[0])]
+
+
+def run_in_name(path) -> str:
+    """The device, date and commit tag a GPU results file's name holds: 'nvidia-h200, 2026-11-28' for
+    'train-lenet5-cuda-tuned-10ep-nvidia-h200-2026-11-28.json' (', commit f5350bb' where tagged)."""
+    found = re.search(r"(nvidia-.+?)-(\d{4}-\d{2}-\d{2})", Path(path).name)
+    tag = run_tag(path)
+    return (f"{found.group(1)}, {found.group(2)}" if found else Path(path).stem) + (f", commit {tag}" if tag else "")
 
 
 def training_run(stage: str, out_dir=RESULTS_DIR):

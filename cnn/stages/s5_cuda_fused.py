@@ -63,13 +63,13 @@ Measured on a real GPU — written by ``python -m cnn bench --update-docs`` from
 files (``benchmarks/results/``), never by hand:
 
 <!-- generated:gpu-table start -->
-Measured on NVIDIA H100 80GB HBM3, 2026-11-23 (python -m cnn bench; ms a training step, median, phase by phase):
+Measured on NVIDIA H200, 2026-11-28 (python -m cnn bench; ms a training step, median, phase by phase):
 
                          cuda (pull)  cuda-fused (push)   launches a step
-    LeNet-5 b64                 9.34               4.74          34 -> 26
-        (commit f5350bb: benchmarks/results/bench-lenet5-b64-intel-xeon-processor-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json)
-    AlexNet-small b128          33.2               16.5          42 -> 30
-        (commit f5350bb: benchmarks/results/bench-alexnet-small-b128-intel-xeon-processor-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json)
+    LeNet-5 b64                 8.56               3.97          34 -> 26
+        (the later run of that day: benchmarks/results/bench-lenet5-b64-intel-xeon-processor-nvidia-h200-2026-11-28.json)
+    AlexNet-small b128          31.9               14.8          42 -> 30
+        (the later run of that day: benchmarks/results/bench-alexnet-small-b128-intel-xeon-processor-nvidia-h200-2026-11-28.json)
 
 The single operations (conv_backward, maxpool_backward, pull against push) have not been timed on a GPU yet:
     python -m cnn bench --op conv-backward --stage cuda,cuda-fused

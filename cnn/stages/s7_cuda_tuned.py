@@ -47,14 +47,18 @@ Compute; the kernel-by-kernel tables are in ``docs/profiling.md``), written by
     numba-cuda launch, host time: 27.7 µs with one array argument, 87.5 µs with eight; a CUDA graph replays
     1 µs a kernel (NVIDIA H100 80GB HBM3, 2026-11-23: benchmarks/results/probes-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.json)
 
-    LeNet-5 b64, commit f5350bb: 0.621 ms of kernel time a step; conv backward 70 %, conv forward 10 %, dense 17 %
+    LeNet-5 b64, nvidia-h100-80gb-hbm3, 2026-11-23, commit f5350bb: 0.621 ms of kernel time a step; conv backward 70 %, conv forward 10 %, dense 17 %
         (benchmarks/results/ncu-cuda-tuned-lenet5-b64-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.csv)
-    AlexNet-small b128, commit f5350bb: 11.2 ms of kernel time a step; conv backward 82 %, conv forward 17 %, dense 2 %
+    AlexNet-small b128, nvidia-h100-80gb-hbm3, 2026-11-23, commit f5350bb: 11.2 ms of kernel time a step; conv backward 82 %, conv forward 17 %, dense 2 %
         (benchmarks/results/ncu-cuda-tuned-alexnet-small-b128-nvidia-h100-80gb-hbm3-2026-11-23-f5350bb.csv)
-    LeNet-5 b64, the later run of that day: 1.07 ms of kernel time a step; conv backward 69 %, conv forward 13 %, dense 16 %
+    LeNet-5 b64, nvidia-h100-80gb-hbm3, 2026-11-23, the later run of that day: 1.07 ms of kernel time a step; conv backward 69 %, conv forward 13 %, dense 16 %
         (benchmarks/results/ncu-cuda-tuned-lenet5-b64-nvidia-h100-80gb-hbm3-2026-11-23.csv)
-    AlexNet-small b128, the later run of that day: 11.1 ms of kernel time a step; conv backward 84 %, conv forward 14 %, dense 2 %
+    AlexNet-small b128, nvidia-h100-80gb-hbm3, 2026-11-23, the later run of that day: 11.1 ms of kernel time a step; conv backward 84 %, conv forward 14 %, dense 2 %
         (benchmarks/results/ncu-cuda-tuned-alexnet-small-b128-nvidia-h100-80gb-hbm3-2026-11-23.csv)
+    LeNet-5 b64, nvidia-h200, 2026-11-28: 0.412 ms of kernel time a step; conv backward 57 %, conv forward 16 %, dense 23 %
+        (benchmarks/results/ncu-cuda-tuned-lenet5-b64-nvidia-h200-2026-11-28.csv)
+    AlexNet-small b128, nvidia-h200, 2026-11-28: 2.62 ms of kernel time a step; conv backward 69 %, conv forward 25 %, dense 6 %
+        (benchmarks/results/ncu-cuda-tuned-alexnet-small-b128-nvidia-h200-2026-11-28.csv)
 <!-- generated:gpu-profile end -->
 
 The host profile (cProfile or pyinstrument) and the per-kernel device times of cuda-ring itself —
@@ -99,7 +103,8 @@ The fixes (``FIXES``, in the order the ablation adds them)
                     three times a launch. Rewritten after the static sm_90 report (issue 22,
                     ``python -m cnn bench --static cuda-tuned``): no integer division in any loop, no
                     branch around a load, the next k-slice loaded while this one is multiplied, the
-                    layer's sizes in one small array — PREDICTED below, not yet measured on a GPU.
+                    layer's sizes in one small array — PREDICTED below, measured since on an H200
+                    (docs/profiling.md: its ablation and the prediction beside each measurement).
     device-epoch    the trainer's loop moves to the device: each step's batch, learning rate and loss
                     are looked up or written by the kernels at a step counter in device memory
                     (``kernels/device_epoch.py``, ``cnn/stages/device_epoch.py``); the host asks for

@@ -85,8 +85,8 @@ even unrolled); divisions are 32-bit (``split``: Numba divides in 64 bits, a tes
 stage conv2's weights in 2 steps, not 4); the ReLU mask is applied by whoever writes a gradient,
 not in a phase of its own.
 
-What it buys — PREDICTED, NOT YET MEASURED ON A GPU
----------------------------------------------------
+What it buys — PREDICTED first, then measured
+---------------------------------------------
 Kernel 1 is one block a sample on 64 (LeNet-5) or 128 (AlexNet-small) of the H100's 132 SMs, one
 wave: its time is one block's. ``kernels/fused_net_cost.py`` predicts it phase by phase from the
 same layer table the kernel walks: a phase takes the largest of its instructions issued 4 a cycle,
@@ -110,7 +110,31 @@ the high end spends: AlexNet-small's dW (its loads feed one multiply-add each: t
 one load a cycle bounds it) and staging conv3's 200 KiB of weights in 4 steps; LeNet-5's waits on
 global memory (Dense weights, staging) at 0.654 µs each. ``sh benchmarks/gpu_session.sh fused-net``
 measures all of it on a GPU: the stage's gpu tests, the bench beside stage 7 and PyTorch (eager and
-one graph) on both networks, and 10 epochs of MNIST.
+one graph) on both networks, Nsight Compute's time of each kernel, and 10 epochs of MNIST. What it
+measured — written by ``python -m cnn bench --update-docs`` from the results files, never by hand;
+each row says whether the measurement fell below, within or above the range predicted for the H100
+(the H200 has the same 132 SMs at the same clock, and more, faster memory):
+
+<!-- generated:gpu-measured start -->
+Measured on NVIDIA H200, 2026-11-28 (python -m cnn bench; ms a training step, steps back to back, median of 5 runs and their range):
+
+                         stage 7  PyTorch graph   cuda-fused-net        PREDICTED (H100)
+    LeNet-5 b64            0.347          0.250   0.102 (0.102–0.103)   0.03 – 0.09: above
+        (benchmarks/results/bench-lenet5-b64-intel-xeon-processor-nvidia-h200-2026-11-28-fused-net.json)
+    AlexNet-small b128      2.43          0.670   0.599 (0.598–0.627)   0.37 – 0.60: within
+        (benchmarks/results/bench-alexnet-small-b128-intel-xeon-processor-nvidia-h200-2026-11-28-fused-net.json)
+
+Kernel 1 alone, Nsight Compute (its default replay flushes the caches before the kernel):
+
+    LeNet-5 b64            111 µs   PREDICTED 25 – 70 µs: above  (nvidia-h200, 2026-11-28)
+        (benchmarks/results/ncu-cuda-fused-net-lenet5-b64-nvidia-h200-2026-11-28.csv)
+    AlexNet-small b128     886 µs   PREDICTED 339 – 568 µs: above  (nvidia-h200, 2026-11-28)
+        (benchmarks/results/ncu-cuda-fused-net-alexnet-small-b128-nvidia-h200-2026-11-28.csv)
+
+Training, 10 epochs of MNIST (LeNet-5, batch 64): 99.26% test accuracy,
+    0.095 s of training an epoch after the first (9.7 s: it compiles every kernel)
+        (benchmarks/results/train-lenet5-cuda-fused-net-10ep-nvidia-h200-2026-11-28.json)
+<!-- generated:gpu-measured end -->
 """
 
 from __future__ import annotations
@@ -124,7 +148,8 @@ from cnn.stages.s4_cuda import INDEX, CudaStage
 from cnn.stages.s7_cuda_tuned import SYNC_EVERY
 from kernels.device import cuda, simulated
 from kernels.device_epoch import finish_step, sum_scores
-from kernels.fused_net_step import THREADS, fused_net_scores, fused_net_step, shared_memory_limit
+from kernels.fused_net_cost import Prediction, predict
+from kernels.fused_net_step import H100_SHARED_LIMIT, THREADS, fused_net_scores, fused_net_step, shared_memory_limit
 from kernels.fused_net_sum_sgd import sum_partials, sum_sgd
 from kernels.fused_net_table import TableBuilder
 from kernels.launch import WARP
@@ -151,6 +176,18 @@ def layer_table(net) -> TableBuilder:
         else:
             raise TypeError(f"stage 'cuda-fused-net': unknown layer {layer!r}")
     return builder
+
+
+#: the H100's (and H200's) streaming multiprocessors, which the prediction is made for
+H100_SMS = 132
+
+
+def predicted_step(net, batch: int) -> Prediction:
+    """``kernels/fused_net_cost.py``'s PREDICTED H100 step of ``net`` at ``batch`` (132 SMs, the samples a block
+    the table would choose there): the figures of this module's docstring."""
+    builder = layer_table(net)
+    return predict(builder, net.num_params, batch, builder.samples_for(batch, H100_SHARED_LIMIT, H100_SMS), THREADS)
+
 
 
 class CudaFusedNetStage(CudaStage):
