@@ -134,8 +134,7 @@ def training_block(out_dir, page: Path) -> str:
     for stage in ("cuda-fused", "cuda-tuned", "cuda-fused-net"):
         for path, history in recorded.training_runs(stage, out_dir):
             epochs = history["epochs"]
-            first = epochs[0]["train_seconds"]
-            later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+            first, later = recorded.epoch_seconds(history)
             rows.append([f"`{stage}`", recorded.run_in_name(path), str(len(epochs)), f"{history['final_test_accuracy']:.2%}",
                          f"{first:.1f}", f"{later:.3g}", f"[`{path.name}`]({relative_link(path, page)})"])
     return markdown(["stage", "run", "epochs", "test accuracy", "first epoch, s (compiles)", "later epochs, s each",
@@ -256,8 +255,7 @@ def stage8_block(out_dir, page: Path) -> str:
     if training:
         path, history = training
         epochs = history["epochs"]
-        first = epochs[0]["train_seconds"]
-        later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+        first, later = recorded.epoch_seconds(history)
         lines += ["", f"Training, {len(epochs)} epochs of MNIST (LeNet-5, batch {history['config']['batch_size']}): "
                       f"{history['final_test_accuracy']:.2%} test accuracy,", f"    {later:.3g} s of training an epoch "
                       f"after the first ({first:.1f} s: it compiles every kernel)", f"        ({path.as_posix()})"]

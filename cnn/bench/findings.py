@@ -203,8 +203,7 @@ def finding_fused_net(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
     if training:
         path, history = training
         epochs = history["epochs"]
-        first = epochs[0]["train_seconds"]
-        later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+        first, later = recorded.epoch_seconds(history)
         text += (f" {len(epochs)} epochs of MNIST reached {history['final_test_accuracy']:.2%} test accuracy at "
                  f"{later:.3g} s of training an epoch after the first ({first:.1f} s, which compiles every kernel; "
                  f"{link(path)}).")
@@ -218,8 +217,7 @@ def finding_training(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
         return None
     path, history = found
     epochs = history["epochs"]
-    first = epochs[0]["train_seconds"]
-    later = (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+    first, later = recorded.epoch_seconds(history)
     return (f"**Training.** {len(epochs)} epochs of MNIST with `cuda-tuned` (LeNet-5, batch "
             f"{history['config']['batch_size']}) reached {history['final_test_accuracy']:.2%} test accuracy; "
             f"the first epoch took {first:.1f} s of training (it compiles every kernel), each later one "

@@ -244,6 +244,14 @@ def training_runs(stage: str, out_dir=RESULTS_DIR) -> list[tuple[Path, dict]]:
     return [(path, history) for _, path, history in sorted(found, key=lambda item: item[0])]
 
 
+def epoch_seconds(history: dict) -> tuple[float, float]:
+    """(seconds of training of the first epoch, which compiles every kernel; of each later epoch, on average)
+    of a ``python -m cnn train`` history."""
+    epochs = history["epochs"]
+    first = epochs[0]["train_seconds"]
+    return first, (epochs[-1]["train_seconds"] - first) / max(1, len(epochs) - 1)
+
+
 def run_in_name(path) -> str:
     """The device, date and commit tag a GPU results file's name holds: 'nvidia-h200, 2026-11-28' for
     'train-lenet5-cuda-tuned-10ep-nvidia-h200-2026-11-28.json' (', commit f5350bb' where tagged)."""
