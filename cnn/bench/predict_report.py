@@ -252,8 +252,8 @@ def measured_since(out_dir, page: Path) -> list[str]:
             f"([`{path.name}`]({relative_link(path, page)}); predicted for the H100 at commit "
             f"{result['prediction_commit']}, measured at commit {result['commit']}): predicted / measured "
             f"{min(ratios):.2f}–{statistics.median(ratios):.2f}–{max(ratios):.2f}× (min–median–max), {within} of "
-            f"{len(ratios)} within 1.5×. The H200 has the H100's 132 SMs at the same clock, with more and faster "
-            f"memory.", "",
+            f"{len(ratios)} within 1.5×." + (" The H200 has the H100's 132 SMs at the same clock, with more and "
+                                             "faster memory." if "H200" in result["device"] else ""), "",
             markdown(["stage", "network", "timing", "PREDICTED", "measured", "predicted / measured", "file"],
                      [[row["stage"], row["model"], row["timing"], f"{row['predicted_ms']:.3g}",
                        f"{row['measured_ms']:.3g}", times(row["ratio"]), f"`{row['file']}`"] for row in result["rows"]])]

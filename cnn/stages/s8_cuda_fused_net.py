@@ -189,7 +189,6 @@ def predicted_step(net, batch: int) -> Prediction:
     return predict(builder, net.num_params, batch, builder.samples_for(batch, H100_SHARED_LIMIT, H100_SMS), THREADS)
 
 
-
 class CudaFusedNetStage(CudaStage):
     name = "cuda-fused-net"
     summary = ("Numba CUDA: a group of samples' whole forward, loss and backward in ONE kernel (every activation "
