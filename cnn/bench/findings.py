@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cnn.bench import recorded
 from cnn.bench.nsight import kernel_summary
-from cnn.bench.results import RESULTS_DIR
+from cnn.bench.results import RESULTS_DIR, slug
 from cnn.formatting import fmt_factor, fmt_ms
 
 NETWORK_NAMES = {"lenet5": "LeNet-5", "alexnet-small": "AlexNet-small"}
@@ -160,7 +160,7 @@ def finding_alexnet(out_dir=RESULTS_DIR, link=plain_link) -> str | None:
         text += (f" The fix `tiled-conv`, which replaced the direct convolution kernels by tiled implicit matrix "
                  f"products, {verdict(factors)}: {'; '.join(parts)} "
                  f"(below 1×: slower).")
-    device = recorded.gpu_name(result).lower().replace(" ", "-")
+    device = slug(recorded.gpu_name(result))            # as the profiles' file names spell it
     profiles = [p for p in recorded.ncu_profiles(out_dir)
                 if (p["stage"], p["model"], p["batch"], p["device"]) == ("cuda-tuned", *ALEXNET, device)]
     if profiles:

@@ -237,15 +237,16 @@ def docs_block(out_dir, page: Path) -> str:
 
 
 def measured_since(out_dir, page: Path) -> list[str]:
-    """The newest ``predict-vs-measured-*.json`` (``--predict --vs-measured``) as lines of Markdown: each PREDICTED
-    figure beside what a GPU measured; [] when none exists."""
+    """The newest ``predict-vs-measured-*.json`` (``recorded.predict_vs_measured``) as lines of Markdown: each
+    PREDICTED figure beside what a GPU measured; [] when none exists."""
+    from cnn.bench import recorded
     from cnn.bench.readme import relative_link
     from cnn.bench.tables import markdown
 
-    found = sorted(Path(out_dir).glob("predict-vs-measured-*.json"), key=lambda path: json.loads(path.read_text())["created"])
-    if not found:
+    found = recorded.predict_vs_measured(out_dir)
+    if found is None:
         return []
-    path, result = found[-1], json.loads(found[-1].read_text())
+    path, result = found
     ratios = [row["ratio"] for row in result["rows"]]
     within = sum(1 for ratio in ratios if 1 / 1.5 <= ratio <= 1.5)
     return [f"**The PREDICTED figures above, measured** on the {result['device']}, {result['created'][:10]} "

@@ -174,6 +174,12 @@ def ncu_profiles(out_dir=RESULTS_DIR) -> list[dict]:
                                            item["batch"]))
 
 
+def predict_vs_measured(out_dir=RESULTS_DIR) -> tuple[Path, dict] | None:
+    """(path, content) of the newest ``predict-vs-measured-*.json`` (``--predict --vs-measured``), or None."""
+    found = _json_files(out_dir, "predict-vs-measured-*.json")
+    return found[-1] if found else None
+
+
 def probes(out_dir=RESULTS_DIR) -> tuple[Path, dict] | None:
     """(path, content) of the newest probes file, or None."""
     found = _json_files(out_dir, "probes-*.json")
