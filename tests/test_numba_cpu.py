@@ -322,14 +322,17 @@ def test_input_grad_needs_this_batchs_backward(schedule):
     (5, 1, 2, (2, 1), False),       # overlapping 2x2/s1 windows, no ReLU
     (2, 1, 0, None, False),         # no pooling: every position is a window of one
     (3, 1, 1, None, True)])
-def test_patch_backward_equals_numpy(size, stride, pad, pool, relu):
+@pytest.mark.parametrize("runs_in_place", [False, True])
+def test_patch_backward_equals_numpy(size, stride, pad, pool, relu, runs_in_place):
     """The backward from the winners' patches, on any conv/ReLU/pool combination, against stage 2's ops one by one
-    (the stage takes it only for long patches: here it is called directly, on short ones)."""
-    from kernels.cpu.conv_patches import patch_backward
+    (the stage takes it only for long patches: here it is called directly, on short ones), with its patches
+    unfolded (runs of K·C numbers shorter than RUN_MIN_NUMBERS) and read in place (as long as that)."""
+    from kernels.cpu.conv_patches import RUN_MIN_NUMBERS, patch_backward
 
-    rng = np.random.default_rng(size * 100 + stride * 10 + pad)
+    channels = -(-RUN_MIN_NUMBERS // size) if runs_in_place else 5
+    rng = np.random.default_rng(size * 100 + stride * 10 + pad + channels)
     ref = NumpyStage.ops
-    x, W, b = rng.normal(size=(3, 5, 9, 8)), rng.normal(size=(6, 5, size, size)), rng.normal(size=6)
+    x, W, b = rng.normal(size=(3, channels, 9, 8)), rng.normal(size=(6, channels, size, size)), rng.normal(size=6)
     z = ref.conv_forward(x, W, b, stride, pad)
     y = ref.relu_forward(z) if relu else z
     switch = np.empty((*y.shape[:2], 0, 0), np.int64)

@@ -12,13 +12,30 @@ as a sum of whole rows:
 
 patch(h, w) is the C × K × K block of the zero-padded input under output (h, w): a row of stage 2's
 im2col matrix. A sample at a time, the input is copied channels-last (``channels_last``: the C
-numbers of a pixel side by side), so that a patch is K runs of K·C contiguous numbers, and
-``unfold`` copies the patch of every output position into a row of X, its numbers in (p, q, c)
+numbers of a pixel side by side), so that a patch is K runs of K·C contiguous numbers, in (p, q, c)
 order (W is put in the same order once a call: ``in_patch_order``). Then
 
-    dW   for each filter, the rows of X its windows chose, four a pass (``add_rows_at``);
-    dx   for each position, the filters whose windows chose it (``by_position``);
-         for each position v = Σ g_f · W[f] (four rows a pass), added back at that patch (``add_patch``).
+    dW   for each filter, the patches its windows chose, four a pass (``add_runs``);
+    dx   for each position, the filters whose windows chose it (``by_position``), and their rows of W
+         added into that patch, four a pass.
+
+Where the runs are long (K·C ≥ ``RUN_MIN_NUMBERS``: AlexNet-small's conv 2 and 3, 160 numbers), both are
+read where they lie: dW from the channels-last input itself (20 × 20 × 32 numbers for conv 2: about L1),
+and dx a kernel row p at a time, so that the rows W[:, p] it adds stay in L1 (20 KB). Where they are
+short (LeNet-5's conv 2, 30 numbers), a pass over a run costs more than the run's sums, and the patches
+go the long way: ``unfold`` copies the patch of every output position into one row of X first (the
+rows of a whole sample, 16 × 16 × 800 numbers for conv 2, would stream from L2), dW adds rows of X, and
+dx sums each position's v = Σ g_f · W[f] in one run and adds it back at its patch (``add_patch``).
+Measured for one block of 8 samples, float32, one thread (dW and dx; 16 → 32 channels on 12 × 12 for
+the middle rows; 2026-11-28, min of medians of 20-60 calls, the three taking turns; ms)::
+
+    K·C                        first version (always unfolded)   unfolded   runs in place
+    30  (LeNet-5 conv 2)       0.093-0.095                       0.095-0.102 0.117-0.120
+    40, 60 (8, 12 channels)    0.305, 0.437                      0.298, 0.437 0.403, 0.492
+    80  (16 channels)          0.476                             0.486      0.485
+    120, 160 (24, 32 channels) 0.698, 0.884                      0.709, 0.883 0.642, 0.732
+    160 (AlexNet-small conv 2) 1.70                              1.70       1.35     (dW alone 0.88 → 0.64)
+    160 (AlexNet-small conv 3) 0.84                              0.82       0.73
 
 A quarter of the multiply-adds (with 2 × 2 windows; a ReLU that passed nothing removes more, a
 convolution without pooling is the same code with every position a window of one), in rows of
@@ -62,10 +79,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.cpu.layout import SAFE_FASTMATH, add_rows_at, dot_4x4, four_indices, geometry
+from kernels.cpu.layout import SAFE_FASTMATH, add_runs, dot_4x4, four_indices, geometry
 from kernels.cpu.pool import first_max_of_four, gradient_reaching
 
 PATCH_MIN_TAPS = 128     # C·K·K from which the backward takes the winners' patches (measured: see above)
+RUN_MIN_NUMBERS = 96     # K·C from which the backward reads a patch's runs in place, not unfolded (see above)
 WINDOW_MIN_TAPS = 256    # C·K·K from which a pooled conv's forward may go a window at a time (see above)
 
 
@@ -168,7 +186,7 @@ def add_patch(x_cl, at, row_step, K, v):
     """The patch of x_cl whose first number is at ``at`` += v (K runs of K·C numbers, ``row_step`` apart).
 
     Indexed with unsigned integers: Numba then adds no wraparound for negative indices (which would keep the
-    loop from SIMD) and, unlike views of each run, no atomic reference count per run (see ``add_rows_at``)."""
+    loop from SIMD) and, unlike views of each run, no atomic reference count per run (see ``layout.add_runs``)."""
     run = np.uint64(v.size // K)
     for p in range(np.uint64(K)):
         target, part = np.uint64(at) + p * np.uint64(row_step), p * run
@@ -177,36 +195,67 @@ def add_patch(x_cl, at, row_step, K, v):
 
 
 @njit(cache=True)
+def patch_origins(Ho, Wo, stride, Wp, C):
+    """origin[h·Wo + w] = where the patch under output (h, w) starts in the channels-last padded input."""
+    origin = np.empty(Ho * Wo, np.int64)
+    for h in range(Ho):
+        for w in range(Wo):
+            origin[h * Wo + w] = (h * stride * Wp + w * stride) * C
+    return origin
+
+
+@njit(cache=True)
 def patch_backward(dout, out, switch, x, W, stride, pad, relu, pooled, dW, db, dx, need_dx, lo, hi):
     """Backward of conv + bias (+ ReLU) (+ max-pool when ``pooled``: its switches say where) for samples lo … hi−1
-    from the winners' patches: adds into dW and db; writes dx[lo:hi] when ``need_dx``."""
+    from the winners' patches: adds into dW and db; writes dx[lo:hi] when ``need_dx``.
+
+    A patch's K runs of K·C numbers are read where they lie in x_cl when they are long (K·C ≥ RUN_MIN_NUMBERS),
+    else from the patch's row of X, one run of K·K·C numbers (``unfold``)."""
     F, C, K = W.shape[0], W.shape[1], W.shape[2]
     Hp, Wp, Ho, Wo = geometry(x, W, stride, pad)
-    windows = dout.shape[2] * dout.shape[3]
-    Wt, dWt = in_patch_order(W), np.zeros((F, K * K * C), W.dtype)
+    KC, KKC, windows = K * C, K * K * C, dout.shape[2] * dout.shape[3]
+    unfolded = KC < RUN_MIN_NUMBERS
+    runs, run, run_step = (1, KKC, 0) if unfolded else (K, KC, Wp * C)
+    Wt, dWt = in_patch_order(W), np.zeros((F, KKC), W.dtype)
+    Wt_flat, dWt_flat = Wt.reshape(Wt.size), dWt.reshape(dWt.size)
     x_cl, dx_cl = np.zeros(Hp * Wp * C, W.dtype), np.zeros(Hp * Wp * C, W.dtype)
-    X, v = np.empty((Ho * Wo, K * K * C), W.dtype), np.empty(K * K * C, W.dtype)
-    rows, gs, counts = np.empty(F * windows, np.int64), np.empty(F * windows, W.dtype), np.empty(F, np.int64)
-    starts, filters, grads = np.empty(Ho * Wo + 1, np.int64), np.empty(F * windows, np.int64), np.empty(F * windows, W.dtype)
+    X, v = np.empty((Ho * Wo if unfolded else 0, KKC), W.dtype), np.empty(KKC, W.dtype)
+    patches = X.reshape(X.size) if unfolded else x_cl
+    origin = patch_origins(Ho, Wo, stride, Wp, C)
+    rows, gs, at = np.empty(F * windows, np.int64), np.empty(F * windows, W.dtype), np.empty(F * windows, np.int64)
+    counts, starts = np.empty(F, np.int64), np.empty(Ho * Wo + 1, np.int64)
+    filters, grads = np.empty(F * windows, np.int64), np.empty(F * windows, W.dtype)
     for n in range(lo, hi):
         dout_n, out_n, switch_n = dout[n], out[n], switch[n]
         channels_last(x[n], pad, Wp, x_cl, True)
-        unfold(x_cl, C, Wp, K, stride, Ho, Wo, X)
-        for f in range(F):
-            counts[f], total = winners(dout_n, out_n, switch_n, f, relu, pooled, Wo, rows, gs, f * windows)
-            add_rows_at(dWt[f], gs, X, rows, f * windows, f * windows + counts[f])
+        if unfolded:
+            unfold(x_cl, C, Wp, K, stride, Ho, Wo, X)
+        for f in range(F):                  # dW[f] += g · patch, run by run, four windows a pass
+            first = f * windows
+            counts[f], total = winners(dout_n, out_n, switch_n, f, relu, pooled, Wo, rows, gs, first)
             db[f] += total
+            for e in range(first, first + counts[f]):
+                at[e] = rows[e] * KKC if unfolded else origin[rows[e]]
+            for r in range(runs):
+                add_runs(dWt_flat, f * KKC + r * run, gs, patches, at, r * run_step, first, first + counts[f], run)
         if not need_dx:
             continue
         by_position(rows, gs, counts, windows, starts, filters, grads)
+        for e in range(starts[Ho * Wo]):
+            filters[e] *= KKC               # where each filter's row starts in Wt_flat
         dx_cl[:] = 0
-        for h in range(Ho):
-            for w in range(Wo):
-                first, end = starts[h * Wo + w], starts[h * Wo + w + 1]
-                if end > first:
+        if unfolded:                        # short runs: v = Σ g_f · W[f] a position, added back at its patch
+            for k in range(Ho * Wo):
+                if starts[k + 1] > starts[k]:
                     v[:] = 0
-                    add_rows_at(v, grads, Wt, filters, first, end)
-                    add_patch(dx_cl, (h * stride * Wp + w * stride) * C, Wp * C, K, v)
+                    add_runs(v, 0, grads, Wt_flat, filters, 0, starts[k], starts[k + 1], KKC)
+                    add_patch(dx_cl, origin[k], Wp * C, K, v)
+        else:                               # long runs: kernel row p of every patch, W[:, p] staying in L1
+            for p in range(K):
+                for k in range(Ho * Wo):
+                    if starts[k + 1] > starts[k]:
+                        add_runs(dx_cl, origin[k] + p * run_step, grads, Wt_flat, filters, p * KC,
+                                 starts[k], starts[k + 1], KC)
         channels_last(dx[n], pad, Wp, dx_cl, False)
     add_from_patch_order(dWt, dW)
 

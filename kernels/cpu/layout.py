@@ -95,7 +95,7 @@ def fma_4x4(y0, y1, y2, y3, X, rows, starts, a):
     The inputs come as rows and starts of one array, x_t[k] = X[rows[t], starts[t] + k], and their views
     are made here, where Numba's reference-count pruning removes the atomic increment and decrement each
     view costs; handed in from the caller, eight views a pass cost tens of cycles each — a quarter of a
-    LeNet-5 step (see ``add_rows_at``)."""
+    LeNet-5 step (see ``add_runs``)."""
     a00, a01, a02, a03 = a[0, 0], a[0, 1], a[0, 2], a[0, 3]
     a10, a11, a12, a13 = a[1, 0], a[1, 1], a[1, 2], a[1, 3]
     a20, a21, a22, a23 = a[2, 0], a[2, 1], a[2, 2], a[2, 3]
@@ -160,25 +160,30 @@ def dot_4x4(Y, y_rows, y_starts, X, x_rows, x_starts, length, sums):
 
 
 @njit(cache=True, fastmath=SAFE_FASTMATH)
-def add_rows_at(y, a, X, rows, first, end):
-    """y += Σ_{first ≤ e < end} a[e]·X[rows[e]] (X a matrix, a row a term): four rows a pass, the rest one by one.
+def add_runs(y, y_at, a, x, x_at, shift, first, end, length):
+    """y[y_at + j] += Σ_{first ≤ e < end} a[e]·x[x_at[e] + shift + j] for j < length: a weighted sum of runs of x
+    (one vector, each term's run where ``x_at`` says) added into one run of y; four terms a pass, the rest one
+    by one.
 
-    Four rows in one pass keep each partial sum y[k] in a register: a term costs one load, where a
-    separate axpy costs a load, a load and a store. The rows are indexed in X itself, X[r, k], not
-    taken as views X[r]: Numba counts the references to an array's memory, and every view made and
-    dropped is an atomic increment and decrement (a few tens of cycles), as much as a short row's sums.
+    Four terms in one pass keep each partial sum y[k] in a register: a term costs one load, where a
+    separate axpy costs a load, a load and a store. The runs are indexed in x itself, with unsigned
+    offsets, not taken as views x[s:s + length]: Numba counts the references to an array's memory, and
+    every view made and dropped is an atomic increment and decrement (a few tens of cycles), as much as a
+    short run's sums; and it adds no wraparound for negative indices, which would keep the loop from SIMD.
     """
+    y_at, shift, length = np.uint64(y_at), np.uint64(shift), np.uint64(length)
     e = first
     while e + 4 <= end:
-        r0, r1, r2, r3 = rows[e], rows[e + 1], rows[e + 2], rows[e + 3]
+        s0, s1 = np.uint64(x_at[e]) + shift, np.uint64(x_at[e + 1]) + shift
+        s2, s3 = np.uint64(x_at[e + 2]) + shift, np.uint64(x_at[e + 3]) + shift
         a0, a1, a2, a3 = a[e], a[e + 1], a[e + 2], a[e + 3]
-        for k in range(y.size):
-            y[k] += a0 * X[r0, k] + a1 * X[r1, k] + a2 * X[r2, k] + a3 * X[r3, k]
+        for j in range(length):
+            y[y_at + j] += a0 * x[s0 + j] + a1 * x[s1 + j] + a2 * x[s2 + j] + a3 * x[s3 + j]
         e += 4
     for e in range(e, end):
-        r, a0 = rows[e], a[e]
-        for k in range(y.size):
-            y[k] += a0 * X[r, k]
+        s0, a0 = np.uint64(x_at[e]) + shift, a[e]
+        for j in range(length):
+            y[y_at + j] += a0 * x[s0 + j]
 
 
 @njit(cache=True)
@@ -202,7 +207,7 @@ def four_indices(first, count):
 def add_product(Y, A, X):
     """Y += A·X (Y: m × L, A: m × k, X: k × L, rows contiguous): four rows of Y by four rows of X a pass
     (``fma_4x4``, the 4 × 4 block of A its weights) — 16 multiply-adds for 12 loads and stores, where a
-    row at a time (``add_rows_at``) does 4 for 6."""
+    row at a time (``add_runs``) does 4 for 6."""
     m, k = A.shape
     tile, spare = np.zeros((4, 4), Y.dtype), np.empty(Y.shape[1], Y.dtype)
     starts = (0, 0, 0, 0)

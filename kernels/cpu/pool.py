@@ -43,7 +43,7 @@ def pool_plane(z, first, row_step, col_step, plane_width, bias, relu, size, stri
     - the plane comes as (array, first) and the output as (arrays, n, f), not as views, and no array is
       handed on to another compiled function: Numba counts the references to an array's memory; a view
       made for a call costs an atomic increment and decrement, and so does each array argument that a
-      function passes on (see ``layout.add_rows_at``) — here, a call for every plane of every sample.
+      function passes on (see ``layout.add_runs``) — here, a call for every plane of every sample.
     """
     Hq, Wq = out.shape[2], out.shape[3]
     if size == 2 and stride == 2:
