@@ -75,6 +75,16 @@ def softmax_loss(logits, labels):
     return -np.log(probs[rows, labels]).mean(), dlogits / len(labels)
 '''
 
+SOFTMAX_LOG_OF_P = '''
+def softmax_loss(logits, labels):
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+    rows = np.arange(len(labels))
+    dlogits = probs.copy()
+    dlogits[rows, labels] -= 1
+    return -np.log(probs[rows, labels]).mean(), dlogits / len(labels)
+'''
+
 SWITCHES_IN_THE_WINDOW = '''
 def maxpool_forward(x, size, stride):
     N, C, H, W = x.shape
@@ -261,6 +271,8 @@ WRONG = [
     Wrong("wrong1", "a7_network_layers", "softmax without the row maximum; switches inside the window",
           {"softmax_loss": SOFTMAX_WITHOUT_SHIFT, "maxpool_forward": SWITCHES_IN_THE_WINDOW},
           {"test_softmax_large_scores": "np.exp overflowed", "test_maxpool_switches": "positions inside the window"}),
+    Wrong("wrong2", "a7_network_layers", "softmax shifted by the row maximum, but its loss from np.log(p)",
+          {"softmax_loss": SOFTMAX_LOG_OF_P}, {"test_softmax_large_scores": "a probability rounded to 0 was logged"}),
     Wrong("wrong1", "a8_solver", "weight decay outside the velocity; the learning-rate schedule ignored",
           {"sgd_momentum": WEIGHT_DECAY_OUTSIDE_THE_VELOCITY, "train_loop": SCHEDULE_IGNORED},
           {"test_sgd_weight_decay": "weight decay λ = 0.01", "test_loop_step_schedule": "step rate"}),

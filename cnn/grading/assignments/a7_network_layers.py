@@ -3,7 +3,8 @@
 Compared with stage 1's layers and ``softmax_cross_entropy`` (``cnn.stages.base``) in float64, and the
 backward passes with central differences of the *reference* forward passes. Scores as large as 1000
 (past 709.78, where np.exp overflows in float64), then 300, catch a softmax that forgets to subtract
-each row's maximum.
+each row's maximum, and one that subtracts it but takes the loss as np.log(p): a label's probability
+e^-1000 rounds to 0.
 """
 
 from functools import partial
@@ -66,10 +67,12 @@ def finite(scale: float):
 
 def large_score_cases(rng, config, memory):
     # what an untrained network with a large learning rate produces; 1000 first: np.exp(1000.0) is inf, so
-    # an answer that does not subtract each row's maximum always fails there, naming the overflow
+    # an answer that does not subtract each row's maximum always fails there, naming the overflow; and one
+    # that subtracts it but takes np.log(p) fails on row 0, whose label's p rounds to 0
     for scale in (1000.0, 300.0):
         z, labels = normal(rng, 6, 10), rng.integers(0, 10, 6)
         logits = scale * (z - z.max(axis=1, keepdims=True) + 1)    # each row's largest score exactly `scale`
+        logits[0, labels[0]] = 0.0          # its label's probability e^-scale: 0.0 at 1000, so np.log(p) is -inf
         loss, dlogits = softmax_cross_entropy(logits, labels)
         yield Case(f"scores × {scale:g}", {"args": [logits, labels]},
                    [finite(scale), close("loss", loss, 1e-12, f"loss, scores × {scale:g}"),
