@@ -354,6 +354,41 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    forward and ~0.11 backward (its conv + pool timed alone with 4, 6 and 8 filters, batch 64); a pass
    for two filters would save about half of that, ~0.1 ms, ~4 % of a step.
 
+9. A patch's runs read where they lie (2026-11-28, a fourth session; load 0.7-1.8). The backward of AlexNet-small's
+   conv 2 and 3 — the winners' patches, a third of the step — copied every patch of a sample into a row of X first
+   (16 × 16 × 800 numbers for conv 2, 819 KB, which every filter's gathered rows then streamed from L2). Where a
+   patch's K runs of K·C numbers are long (K·C ≥ 96; 160 there) they are now read in the channels-last input itself
+   (51 KB for conv 2, 18 KB for conv 3), and dx is added a kernel row p at a time so that W[:, p] stays in L1;
+   LeNet-5's runs of 30 keep the unfolded rows (``conv_patches``: its table). One weighted sum of runs at offsets,
+   ``layout.add_runs``, serves both ways where ``add_rows_at`` took only rows. Each layer over a whole batch (a block
+   of 8 new samples a call, old and new taking turns in one process, 4 runs): conv 2's backward 0.86-0.88-0.91x,
+   conv 3's 0.88-0.95-0.97x, LeNet-5's conv 2 0.97-0.99x. The step (``--versions 4db6a02,72a4cd4``, CPU time round
+   by round): AlexNet-small 0.95-0.99-1.07x (8 rounds), LeNet-5 0.95-1.01-1.07x (6 rounds) — the ~3 % the layers
+   predict is inside this machine's noise.
+
+   Why no more: ``add_runs`` alone, on numbers in L1, runs at 45-55 GFLOP/s (four loads, and a load and a store of
+   the sums, for four multiply-adds; 512-bit vectors measured no faster, sums added as a tree no faster, eight terms
+   a pass slower). Grouped by position instead (the filters that chose a position share its patch), one load would
+   serve several filters, but each would store its own row of dW: as many stores. Half PyTorch's time on
+   AlexNet-small (64-81 ms on one thread in the runs below) is not within reach of this design: a backward twice as fast would
+   save ~20 ms of ~92, and the forward is near what its passes do (6-8); it takes register-tiled kernels, whose
+   sums stay in registers across a whole reduction (oneDNN's design), which Numba's loops do not express.
+
+   Against PyTorch after it (3 runs of ``--model alexnet-small --repeats 20``, 3 of ``--repeats 60``, 3 of
+   ``--loaded --repeats 30``; load 0.7-1.8; each ratio its run's own;
+   benchmarks/results/numba_vs_torch-*-2026-11-28-runs-run*.json)::
+
+       LeNet-5 b64          1 thread:  numba-cpu-fixed 2.74-2.95 ms, PyTorch 6.09-6.83    0.43-0.45
+                            2 threads: numba-cpu-fixed 1.50-1.68,    PyTorch 4.58-5.30    0.31-0.33
+       AlexNet-small b128   1 thread:  numba-cpu-fixed 91.9-95.1,    PyTorch 127-162      0.59-0.72
+                            2 threads: numba-cpu-fixed 46.1-48.6,    PyTorch 66.5-91.3    0.53-0.69
+       LeNet-5, one core kept busy:   numba-cpu all threads / one thread 0.89-1.00;
+                                      numba-cpu / PyTorch 0.46-0.49 (1 thread), 0.20-0.24 (2)
+
+   Both were slower than in 7 and 8 — PyTorch's LeNet-5 step 6.1-6.8 ms against 4.95-5.21 there, this stage's
+   2.74-2.95 against 2.37-2.70 — PyTorch more: LeNet-5 under 0.5 on one thread is this day's ratio (0.48-0.52 in 7),
+   and AlexNet-small's lowest ratios are of the third run, where PyTorch's step was the slowest (load 1.3-1.8).
+
 The first call of the stage compiles its kernels: 51-58 s of CPU for the float32 step with the Winograd
 path (8), against 45-48 s without it (2026-11-28, 3 runs each, cold caches, taking turns; 40-43 s in an
 earlier session, the first version 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's

@@ -19,6 +19,20 @@ order (W is put in the same order once a call: ``in_patch_order``). Then
     dx   for each position, the filters whose windows chose it (``by_position``), and their rows of W
          added into that patch, four a pass.
 
+A quarter of the multiply-adds (with 2 × 2 windows; a ReLU that passed nothing removes more, a
+convolution without pooling is the same code with every position a window of one), in rows of
+C·K·K numbers. But a gathered row costs a load for every multiply-add, where the plane kernels
+keep their weights in registers, so the patches pay only when they are long: the stage takes them
+when a patch holds at least ``PATCH_MIN_TAPS`` numbers (``conv_pool.uses_patches``). Measured for one
+block of 8 samples, float32, one thread, when the rule was set (dW and dx; the first conv of a network
+needs only dW; the patches always unfolded then, see below)::
+
+    AlexNet-small conv 2 (32 -> 32 channels, 16 x 16)   planes 3.21 ms   patches 1.80 ms
+    AlexNet-small conv 3 (32 -> 64 channels, 8 x 8)     planes 2.24 ms   patches 0.86 ms
+    LeNet-5 conv 2 (6 -> 16 channels, 150 a patch)      planes 0.133     patches 0.122
+    AlexNet-small conv 1 (3 -> 32, 75 a patch), dW      planes 0.77      patches 0.89   (below the line)
+    LeNet-5 conv 1 (1 -> 6, 25 a patch), dW             planes 0.051     patches 0.135  (below the line)
+
 Where the runs are long (K·C ≥ ``RUN_MIN_NUMBERS``: AlexNet-small's conv 2 and 3, 160 numbers), both are
 read where they lie: dW from the channels-last input itself (20 × 20 × 32 numbers for conv 2: about L1),
 and dx a kernel row p at a time, so that the rows W[:, p] it adds stay in L1 (20 KB). Where they are
@@ -26,29 +40,24 @@ short (LeNet-5's conv 2, 30 numbers), a pass over a run costs more than the run'
 go the long way: ``unfold`` copies the patch of every output position into one row of X first (the
 rows of a whole sample, 16 × 16 × 800 numbers for conv 2, would stream from L2), dW adds rows of X, and
 dx sums each position's v = Σ g_f · W[f] in one run and adds it back at its patch (``add_patch``).
-Measured for one block of 8 samples, float32, one thread (dW and dx; 16 → 32 channels on 12 × 12 for
-the middle rows; 2026-11-28, min of medians of 20-60 calls, the three taking turns; ms)::
+Measured for one block of 8 samples, float32, one thread (dW and dx; the middle rows 8 to 32 channels in,
+32 out, on 12 × 12 planes; 2026-11-28, medians of 20-60 calls, the three taking turns; ms)::
 
-    K·C                        first version (always unfolded)   unfolded   runs in place
-    30  (LeNet-5 conv 2)       0.093-0.095                       0.095-0.102 0.117-0.120
-    40, 60 (8, 12 channels)    0.305, 0.437                      0.298, 0.437 0.403, 0.492
-    80  (16 channels)          0.476                             0.486      0.485
-    120, 160 (24, 32 channels) 0.698, 0.884                      0.709, 0.883 0.642, 0.732
-    160 (AlexNet-small conv 2) 1.70                              1.70       1.35     (dW alone 0.88 → 0.64)
-    160 (AlexNet-small conv 3) 0.84                              0.82       0.73
+    K·C    layer                    first version (always unfolded)   unfolded   runs in place
+     30    LeNet-5 conv 2           0.093-0.095                       0.095-0.102 0.117-0.120  (two runs)
+     40    8 channels               0.305                             0.298      0.403
+     60    12 channels              0.437                             0.437      0.492
+     80    16 channels              0.476                             0.486      0.485
+    120    24 channels              0.698                             0.709      0.642
+    160    32 channels              0.884                             0.883      0.732
+    160    AlexNet-small conv 2     1.70                              1.70       1.35     (dW alone 0.88 → 0.64)
+    160    AlexNet-small conv 3     0.84                              0.82       0.73
 
-A quarter of the multiply-adds (with 2 × 2 windows; a ReLU that passed nothing removes more, a
-convolution without pooling is the same code with every position a window of one), in rows of
-C·K·K numbers. But a gathered row costs a load for every multiply-add, where the plane kernels
-keep their weights in registers, so the patches pay only when they are long: the stage takes them
-when a patch holds at least ``PATCH_MIN_TAPS`` numbers (``conv_pool.uses_patches``). Measured for one
-block of 8 samples, float32, one thread (dW and dx; the first conv of a network needs only dW)::
-
-    AlexNet-small conv 2 (32 -> 32 channels, 16 x 16)   planes 3.21 ms   patches 1.80 ms
-    AlexNet-small conv 3 (32 -> 64 channels, 8 x 8)     planes 2.24 ms   patches 0.86 ms
-    LeNet-5 conv 2 (6 -> 16 channels, 150 a patch)      planes 0.133     patches 0.122
-    AlexNet-small conv 1 (3 -> 32, 75 a patch), dW      planes 0.77      patches 0.89   (below the line)
-    LeNet-5 conv 1 (1 -> 6, 25 a patch), dW             planes 0.051     patches 0.135  (below the line)
+(the same 8 samples each call, so in cache; over a whole batch, a block of 8 new samples a call, 4 runs:
+AlexNet-small's conv 2 0.86-0.88-0.91x the first version, conv 3 0.88-0.95-0.97x, LeNet-5's conv 2 0.97-0.99x).
+The passes run at 45-55 GFLOP/s even alone on numbers in L1 (``add_runs``: four loads and a load and a store
+of y for four multiply-adds; 512-bit vectors measured no faster), about half the plane kernels' rate: what
+pays here is skipping the three quarters of the gradient that pooling zeroes, not the speed of a pass.
 
 Forward (``window_forward``), the same patches serve a conv of stride 1 followed by 2 × 2 max-pooling
 every 2 pixels: one ``dot_4x4`` pass takes the patches of a pooling window's four corners against four
