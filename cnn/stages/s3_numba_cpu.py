@@ -364,15 +364,17 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    of 8 new samples a call, old and new taking turns in one process, 4 runs): conv 2's backward 0.86-0.88-0.91x,
    conv 3's 0.88-0.95-0.97x, LeNet-5's conv 2 0.97-0.99x. The step (``--versions 4db6a02,72a4cd4``, CPU time round
    by round): AlexNet-small 0.95-0.99-1.07x (8 rounds), LeNet-5 0.95-1.01-1.07x (6 rounds) — the ~3 % the layers
-   predict is inside this machine's noise.
+   predict is inside this machine's noise. Compiling the float32 step (cold caches, 2 runs each, taking turns): 56.8
+   and 61.4 s of CPU, against 55.3 and 59.8 before.
 
    Why no more: ``add_runs`` alone, on numbers in L1, runs at 45-55 GFLOP/s (four loads, and a load and a store of
    the sums, for four multiply-adds; 512-bit vectors measured no faster, sums added as a tree no faster, eight terms
-   a pass slower). Grouped by position instead (the filters that chose a position share its patch), one load would
-   serve several filters, but each would store its own row of dW: as many stores. Half PyTorch's time on
-   AlexNet-small (64-81 ms on one thread in the runs below) is not within reach of this design: a backward twice as fast would
-   save ~20 ms of ~92, and the forward is near what its passes do (6-8); it takes register-tiled kernels, whose
-   sums stay in registers across a whole reduction (oneDNN's design), which Numba's loops do not express.
+   a pass slower). Grouped by position instead (the filters that chose a position share its patch), one load
+   would serve several filters, but each would store its own row of dW: as many stores. Half PyTorch's time on
+   AlexNet-small (64-81 ms on one thread in the runs below) is not within reach of this design: a backward twice
+   as fast would save ~20 ms of ~92, and the forward is near what its passes do (6-8); it takes register-tiled
+   kernels, whose sums stay in registers across a whole reduction (oneDNN's design), which Numba's loops do not
+   express.
 
    Against PyTorch after it (3 runs of ``--model alexnet-small --repeats 20``, 3 of ``--repeats 60``, 3 of
    ``--loaded --repeats 30``; load 0.7-1.8; each ratio its run's own;
@@ -390,10 +392,10 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    and AlexNet-small's lowest ratios are of the third run, where PyTorch's step was the slowest (load 1.3-1.8).
 
 The first call of the stage compiles its kernels: 51-58 s of CPU for the float32 step with the Winograd
-path (8), against 45-48 s without it (2026-11-28, 3 runs each, cold caches, taking turns; 40-43 s in an
-earlier session, the first version 12 s), then ``cache=True`` keeps the machine code on disk. (Numba's
-cache is keyed by the caller's own file: after editing a kernel in kernels/cpu/, delete
-kernels/cpu/__pycache__.)
+path (8; 57-61 s after 9, on a slower day), against 45-48 s without it (2026-11-28, 3 runs each, cold
+caches, taking turns; 40-43 s in an earlier session, the first version 12 s), then ``cache=True`` keeps
+the machine code on disk. (Numba's cache is keyed by the caller's own file: after editing a kernel in
+kernels/cpu/, delete kernels/cpu/__pycache__.)
 """
 
 from __future__ import annotations
