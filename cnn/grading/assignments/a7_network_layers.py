@@ -72,7 +72,8 @@ def large_score_cases(rng, config, memory):
     for scale in (1000.0, 300.0):
         z, labels = normal(rng, 6, 10), rng.integers(0, 10, 6)
         logits = scale * (z - z.max(axis=1, keepdims=True) + 1)    # each row's largest score exactly `scale`
-        logits[0, labels[0]] = 0.0          # its label's probability e^-scale: 0.0 at 1000, so np.log(p) is -inf
+        labels[0] = (np.argmax(logits[0]) + 1) % 10                 # row 0: a label that is not its maximum,
+        logits[0, labels[0]] = 0.0          # with probability ≈ e^-scale: 0.0 at 1000, so np.log(p) is -inf
         loss, dlogits = softmax_cross_entropy(logits, labels)
         yield Case(f"scores × {scale:g}", {"args": [logits, labels]},
                    [finite(scale), close("loss", loss, 1e-12, f"loss, scores × {scale:g}"),
