@@ -392,6 +392,9 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    Both were slower than in 7 and 8 — PyTorch's LeNet-5 step 6.1-6.8 ms against 4.95-5.21 there, this stage's
    2.74-2.95 against 2.37-2.70 — PyTorch more: LeNet-5 under 0.5 on one thread is this day's ratio (0.48-0.52 in 7),
    and AlexNet-small's lowest ratios are of the third run, where PyTorch's step was the slowest (load 1.3-1.8).
+   Ten MNIST epochs (``python -m cnn train --stage numba-cpu --epochs 10``, load 0.1-0.7): 99.33 %, 1.54-1.68 s
+   of training an epoch after the first (2.00 s);
+   benchmarks/results/train-lenet5-numba-cpu-10-epochs-vm-2026-11-28-runs.json.
 
 The first call of the stage compiles its kernels: 51-58 s of CPU for the float32 step with the Winograd
 path (8; 57-61 s after 9, on a slower day), against 45-48 s without it (2026-11-28, 3 runs each, cold
