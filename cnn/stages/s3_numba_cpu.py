@@ -376,7 +376,8 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    kernels, whose sums stay in registers across a whole reduction (oneDNN's design), which Numba's loops do not
    express: one of Winograd's products (4 filters × 32 channels × 160 tiles) written as a register tile — 4 × 16
    sums as named scalars, generated code, for LLVM to pack into vectors — ran at 11 GFLOP/s, where eight
-   ``fma_4x4`` passes run at 51 (one thread, alone, in L1; sums over the channels taken a tile at a time: 8).
+   ``fma_4x4`` passes run at 51 (one thread, alone, in L1; sums over the channels taken a tile at a time: 8;
+   these and ``add_runs``'s rates from throwaway scripts, not kept).
 
    Against PyTorch after it (3 runs of ``--model alexnet-small --repeats 20``, 3 of ``--repeats 60``, 3 of
    ``--loaded --repeats 30``; load 0.7-1.8; each ratio its run's own;
