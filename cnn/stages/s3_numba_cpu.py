@@ -364,8 +364,8 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    of 8 new samples a call, old and new taking turns in one process, 4 runs): conv 2's backward 0.86-0.88-0.91x,
    conv 3's 0.88-0.95-0.97x, LeNet-5's conv 2 0.97-0.99x. The step (``--versions 4db6a02,72a4cd4``, CPU time round
    by round): AlexNet-small 0.95-0.99-1.07x (8 rounds), LeNet-5 0.95-1.01-1.07x (6 rounds) — the ~3 % the layers
-   predict is inside this machine's noise. Compiling the float32 step (cold caches, 2 runs each, taking turns): 56.8
-   and 61.4 s of CPU, against 55.3 and 59.8 before.
+   predict is inside this machine's noise. Compiling the float32 step (cold caches, 3 runs each, taking turns):
+   56.8-61.7 s of CPU, against 55.3-61.2 before.
 
    Why no more: ``add_runs`` alone, on numbers in L1, runs at 45-55 GFLOP/s (four loads, and a load and a store of
    the sums, for four multiply-adds; 512-bit vectors measured no faster, sums added as a tree no faster, eight terms
@@ -398,7 +398,7 @@ turns are what to read, and the coordinator re-runs them on a quiet machine):
    benchmarks/results/train-lenet5-numba-cpu-10-epochs-vm-2026-11-28-runs.json.
 
 The first call of the stage compiles its kernels: 51-58 s of CPU for the float32 step with the Winograd
-path (8; 57-61 s after 9, on a slower day), against 45-48 s without it (2026-11-28, 3 runs each, cold
+path (8; 57-62 s after 9, on a slower day), against 45-48 s without it (2026-11-28, 3 runs each, cold
 caches, taking turns; 40-43 s in an earlier session, the first version 12 s), then ``cache=True`` keeps
 the machine code on disk. (Numba's cache is keyed by the caller's own file: after editing a kernel in
 kernels/cpu/, delete kernels/cpu/__pycache__.)

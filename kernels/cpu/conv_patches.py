@@ -41,17 +41,18 @@ go the long way: ``unfold`` copies the patch of every output position into one r
 rows of a whole sample, 16 × 16 × 800 numbers for conv 2, would stream from L2), dW adds rows of X, and
 dx sums each position's v = Σ g_f · W[f] in one run and adds it back at its patch (``add_patch``).
 Measured for one block of 8 samples, float32, one thread (dW and dx; the middle rows 8 to 32 channels in,
-32 out, on 12 × 12 planes; 2026-11-28, medians of 20-60 calls, the three taking turns; ms)::
+32 out, on 12 × 12 planes; 2026-11-28, 4 runs at load 0.3-1.4, medians of 20-60 calls a run, the three
+taking turns; the two new ways as times the first, min-max of the runs)::
 
-    K·C    layer                    first version (always unfolded)   unfolded   runs in place
-     30    LeNet-5 conv 2           0.093-0.095                       0.095-0.102 0.117-0.120  (two runs)
-     40    8 channels               0.305                             0.298      0.403
-     60    12 channels              0.437                             0.437      0.492
-     80    16 channels              0.476                             0.486      0.485
-    120    24 channels              0.698                             0.709      0.642
-    160    32 channels              0.884                             0.883      0.732
-    160    AlexNet-small conv 2     1.70                              1.70       1.35     (dW alone 0.88 → 0.64)
-    160    AlexNet-small conv 3     0.84                              0.82       0.73
+    K·C    layer                    first version (always unfolded)   unfolded      runs in place
+     30    LeNet-5 conv 2           0.089-0.095 ms                    1.02-1.07x    1.24-1.27x
+     40    8 channels               0.287-0.305                       0.98-1.00     1.32-1.35
+     60    12 channels              0.420-0.437                       0.98-1.01     1.11-1.12
+     80    16 channels              0.464-0.490                       0.99-1.02     1.01-1.02
+    120    24 channels              0.679-0.741                       0.97-1.02     0.90-0.94
+    160    32 channels              0.860-0.960                       1.00-1.02     0.81-0.84
+    160    AlexNet-small conv 2     1.67-1.76                         0.93-1.00     0.77-0.80
+    160    AlexNet-small conv 3     0.799-0.844                       0.98-1.03     0.85-0.90
 
 (the same 8 samples each call, so in cache; over a whole batch, a block of 8 new samples a call, 4 runs:
 AlexNet-small's conv 2 0.86-0.88-0.91x the first version, conv 3 0.88-0.95-0.97x, LeNet-5's conv 2 0.97-0.99x).
